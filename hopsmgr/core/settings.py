@@ -1,0 +1,65 @@
+"""Scheduler settings: the knobs of the Hops algorithm, as one frozen value passed down explicitly.
+
+`hopsmgr.config` parses them from TOML (section [scheduler]); the simulator and the master hand the
+same object to the planner. Defaults follow HOPS.md (lambda = 1, sigma = 1.4, gap 1%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf"]
+PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf")
+SolverMode = Literal["auto", "exact", "classes"]
+SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    round_seconds: float = 300.0
+    lambda_: float = 1.0
+    sigma: float = 1.4
+    window: bool = True
+    fragment_plans: bool = True
+    sensitivity_adjustment: bool = True
+    gap: float = 0.01
+    time_limit_s: float = 5.0
+    priority: PriorityKind = "latency_ratio"
+    rnum: int = 4
+    solver: SolverMode = "auto"
+    exact_max_variables: int = 4000
+    restart_penalty: bool = True
+    profiling_iterations: int = 30
+    raqlr_hours: float = 6.0
+
+    def __post_init__(self) -> None:
+        def bad(name: str, reason: str) -> ValueError:
+            return ValueError(f"scheduler.{name}: {reason}, got {getattr(self, name)!r}")
+
+        if not self.round_seconds > 0:
+            raise bad("round_seconds", "must be > 0")
+        if not self.lambda_ >= 0:
+            raise bad("lambda_", "must be >= 0")
+        if not self.sigma >= 1.0:
+            raise bad("sigma", "must be >= 1.0")
+        if not 0 <= self.gap < 1:
+            raise bad("gap", "must be in [0, 1)")
+        if not self.time_limit_s > 0:
+            raise bad("time_limit_s", "must be > 0")
+        if self.priority not in PRIORITY_KINDS:
+            raise bad("priority", f"must be one of {', '.join(PRIORITY_KINDS)}")
+        if not (isinstance(self.rnum, int) and self.rnum >= 1):
+            raise bad("rnum", "must be an integer >= 1")
+        if self.solver not in SOLVER_MODES:
+            raise bad("solver", f"must be one of {', '.join(SOLVER_MODES)}")
+        if not (isinstance(self.exact_max_variables, int) and self.exact_max_variables >= 0):
+            raise bad("exact_max_variables", "must be an integer >= 0")
+        if not (isinstance(self.profiling_iterations, int) and 10 <= self.profiling_iterations <= 50):
+            raise bad("profiling_iterations", "must be an integer in [10, 50]")
+        if not self.raqlr_hours > 0:
+            raise bad("raqlr_hours", "must be > 0")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))

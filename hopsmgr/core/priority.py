@@ -1,0 +1,221 @@
+"""Queue priorities: job age under heterogeneity, latency ratio, the comparison orders, ILP weights, RAQLR.
+
+Pure functions over `JobView`s (HOPS.md section 5). A priority value is "higher = served first"; kinds
+whose natural order is "smaller first" are mapped to a decreasing function of the quantity. Values may be
+zero or negative: the ILP adds a bias (HOPS.md section 7, `ilp_weights`) so every weight base is positive.
+
+A job with no known throughput on any GPU type (still being profiled) has an infinite age; its latency
+ratio and FTF rho are then 0.0, and its SJF/SRTF values rank it after every job of known size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hopsmgr.core.model import GpuType, JobId, JobSpec, JobView
+
+RateFn = Callable[[JobSpec, GpuType], float | None]
+"""Per-GPU samples/s of a job on one GPU of a type; None when unknown (not profiled yet)."""
+
+HOUR_S = 3600.0
+BIAS_EPSILON = 0.01
+
+PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf")
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityContext:
+    """What every priority needs besides the job: the instant, the cluster's type mix and the rates.
+
+    `type_share` maps each GPU type to its share of the cluster's GPUs (sums to 1). `active_jobs` is the
+    number of live jobs competing (FTF's ideal share is 1/N of the cluster). A tenant missing from
+    `tenant_weight` weighs 1.0.
+    """
+
+    now: float
+    type_share: Mapping[GpuType, float]
+    rate: RateFn
+    total_gpus: int
+    active_jobs: int = 1
+    tenant_weight: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.now):
+            raise ValueError(f"priority context: now must be finite, got {self.now!r}")
+        if self.total_gpus < 0:
+            raise ValueError(f"priority context: total_gpus must be >= 0, got {self.total_gpus!r}")
+        if self.active_jobs < 0:
+            raise ValueError(f"priority context: active_jobs must be >= 0, got {self.active_jobs!r}")
+        for gpu_type, share in self.type_share.items():
+            if not (math.isfinite(share) and share >= 0):
+                raise ValueError(f"priority context: share of {gpu_type!r} must be >= 0, got {share!r}")
+
+    def weight_of(self, tenant: str) -> float:
+        return self.tenant_weight.get(tenant, 1.0)
+
+
+def _seconds_per_sample(job: JobSpec, ctx: PriorityContext) -> float:
+    """Expected seconds per sample at the job's mean GPU count, averaged over the cluster's type mix.
+
+    Types with no known (finite, positive) rate are left out and P is renormalised over the rest;
+    math.inf when no type has a known rate.
+    """
+    known_share = 0.0
+    weighted = 0.0
+    for gpu_type, share in ctx.type_share.items():
+        if share <= 0:
+            continue
+        rate = ctx.rate(job, gpu_type)
+        if rate is None or not math.isfinite(rate) or rate <= 0:
+            continue
+        known_share += share
+        weighted += share / rate
+    if known_share <= 0:
+        return math.inf
+    return weighted / known_share / job.requirements.mean
+
+
+def expected_run_s(job: JobSpec, ctx: PriorityContext) -> float:
+    """The job's age: run time without waiting, sum_type P(type) * samples / (rate(type) * R_avg).
+
+    P is renormalised over the types with a known rate; math.inf when no rate is known at all.
+    """
+    return job.total_samples * _seconds_per_sample(job, ctx)
+
+
+def remaining_run_s(view: JobView, ctx: PriorityContext) -> float:
+    """As `expected_run_s`, for the samples still to do (0.0 for a job with none left)."""
+    remaining = view.remaining_samples
+    if remaining <= 0:
+        return 0.0
+    return remaining * _seconds_per_sample(view.spec, ctx)
+
+
+def latency_ratio(view: JobView, ctx: PriorityContext) -> float:
+    """wait / age (>= 0); 0.0 for a job whose age is unknown (no rate known yet)."""
+    age = expected_run_s(view.spec, ctx)
+    if not math.isfinite(age) or age <= 0:
+        return 0.0
+    return max(view.waited_s, 0.0) / age
+
+
+def ftf_rho(view: JobView, ctx: PriorityContext) -> float:
+    """Themis finish-time fairness rho = T_shared / T_ideal; 0.0 when the job's age is unknown.
+
+    T_shared = (now - submit_time) + remaining_run_s; T_ideal = expected_run_s * max(1, N * R_avg / G)
+    with N = active_jobs and G = total_gpus (taken as 1 when the cluster has none).
+    """
+    age = expected_run_s(view.spec, ctx)
+    if not math.isfinite(age) or age <= 0:
+        return 0.0
+    shared = max(ctx.now - view.spec.submit_time, 0.0) + remaining_run_s(view, ctx)
+    contention = ctx.active_jobs * view.spec.requirements.mean / max(ctx.total_gpus, 1)
+    return shared / (age * max(1.0, contention))
+
+
+def _smaller_first(seconds: float) -> float:
+    """Map a duration to (0, 1], decreasing: 1 / (1 + hours); an infinite duration maps to 0.0."""
+    if not math.isfinite(seconds):
+        return 0.0
+    return 1.0 / (1.0 + max(seconds, 0.0) / HOUR_S)
+
+
+def _value(kind: str, view: JobView, ctx: PriorityContext) -> float:
+    if kind == "latency_ratio":
+        return latency_ratio(view, ctx) * ctx.weight_of(view.spec.tenant)
+    if kind == "fifo":
+        return (ctx.now - view.spec.submit_time) / HOUR_S
+    if kind == "las":
+        return _smaller_first(view.attained_gpu_s)
+    if kind == "sjf":
+        return _smaller_first(expected_run_s(view.spec, ctx))
+    if kind == "srtf":
+        return _smaller_first(remaining_run_s(view, ctx))
+    if kind == "ftf":
+        return ftf_rho(view, ctx)
+    raise ValueError(f"unknown priority kind {kind!r}; valid kinds: {', '.join(PRIORITY_KINDS)}")
+
+
+def priority_values(kind: str, views: Sequence[JobView], ctx: PriorityContext) -> dict[JobId, float]:
+    """Priority value of every job for one kind; higher = served first. All values are finite.
+
+    - "latency_ratio": wait / age, times the tenant's weight (HOPS' LRF order);
+    - "fifo": hours since submission (earlier submit first);
+    - "las": 1 / (1 + attained GPU-hours) (least attained service first);
+    - "sjf": 1 / (1 + age in hours) (shortest expected run first);
+    - "srtf": 1 / (1 + remaining run in hours) (shortest remaining first);
+    - "ftf": Themis rho = T_shared / T_ideal (the job furthest behind its fair finish first).
+
+    The bounded 1/(1+hours) form keeps ILP weights (prio + bias)^lambda in a sane numeric range. Unknown
+    kind: ValueError naming it and the valid kinds.
+    """
+    if kind not in PRIORITY_KINDS:
+        raise ValueError(f"unknown priority kind {kind!r}; valid kinds: {', '.join(PRIORITY_KINDS)}")
+    return {view.id: _value(kind, view, ctx) for view in views}
+
+
+def order_queue(views: Iterable[JobView], values: Mapping[JobId, float]) -> list[JobView]:
+    """Views by descending value; ties by earlier submit_time, then job id. Missing or NaN values go last."""
+
+    def key(view: JobView) -> tuple[float, float, str]:
+        value = values.get(view.id, -math.inf)
+        if math.isnan(value):
+            value = -math.inf
+        return (-value, view.spec.submit_time, view.id)
+
+    return sorted(views, key=key)
+
+
+def ilp_bias(values: Iterable[float]) -> float:
+    """HOPS.md section 7: 0 if every priority is positive, else |min| + 0.01 (0 for no values)."""
+    items = list(values)
+    if not items:
+        return 0.0
+    lowest = min(items)
+    return 0.0 if lowest > 0 else abs(lowest) + BIAS_EPSILON
+
+
+def ilp_weights(values: Mapping[JobId, float], lambda_: float) -> dict[JobId, float]:
+    """ILP objective weights (prio + bias)^lambda; lambda 0 gives 1.0 to every job.
+
+    Raises ValueError for a negative or non-finite lambda, or a non-finite priority.
+    """
+    if not (math.isfinite(lambda_) and lambda_ >= 0):
+        raise ValueError(f"lambda must be a finite number >= 0, got {lambda_!r}")
+    for job_id, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"priority of job {job_id!r} must be finite, got {value!r}")
+    if lambda_ == 0:
+        return dict.fromkeys(values, 1.0)
+    bias = ilp_bias(values.values())
+    return {job_id: (value + bias) ** lambda_ for job_id, value in values.items()}
+
+
+def raqlr(ended: Iterable[tuple[float, float]], now: float, hours: float) -> float | None:
+    """Recent average queue latency ratio: mean LR of jobs that ended at or after now - hours.
+
+    `ended` holds (end_time, latency_ratio) pairs; None when no job ended in the window.
+    """
+    if not (math.isfinite(hours) and hours >= 0):
+        raise ValueError(f"RAQLR window must be a finite number of hours >= 0, got {hours!r}")
+    cutoff = now - hours * HOUR_S
+    recent = [ratio for end_time, ratio in ended if end_time >= cutoff]
+    if not recent:
+        return None
+    return sum(recent) / len(recent)
+
+
+def estimated_wait_s(view: JobView, ctx: PriorityContext, raqlr_value: float | None) -> float | None:
+    """Rough forecast of a job's total queue time: RAQLR x its age.
+
+    None when there is no RAQLR yet or the job's age is unknown. It is the whole expected wait, not what
+    is left of it (subtract `view.waited_s` for that).
+    """
+    if raqlr_value is None:
+        return None
+    age = expected_run_s(view.spec, ctx)
+    if not math.isfinite(age):
+        return None
+    return max(raqlr_value, 0.0) * age

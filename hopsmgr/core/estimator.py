@@ -1,0 +1,488 @@
+"""Throughput estimator: the Hops three-layer database and the iteration-time formula (HOPS.md 2-3).
+
+Pure core: no I/O, no clock, no logging. `Estimator.per_gpu_rate` answers samples/s of one GPU of a job
+on one server, read top-down from (1) the entity layer: values measured on this very server, (2) the type
+layer: a measured/theoretical correction learned on other servers of the GPU type, (3) the theoretical
+layer: the profiled time modules fed to the formula, scaled by the server's own calibration. Answers are
+cached per job; a job's entries are dropped whenever its profiles or observations change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from hopsmgr.core.model import Calibration, Config, GpuType, JobId, JobSpec, ModelError, Server, ServerId
+
+TC_EXPOSED = 0.2  # share of the communication time that does not overlap backward (Tc~ = 0.2 * Tc)
+_SEED_WEIGHT = 20.0  # pseudo-samples a profile is worth when seeding the online data-time clusters
+_MAX_WEIGHT = 200.0  # past this total weight the clusters are scaled down, so old samples fade
+_STATE_VERSION = 1
+_PROFILE_ROW = ("job", "gpu_type", "profile", "measured_on", "data")
+_ENTITY_ROW = ("job", "server", "gpus_here", "n_servers", "gpu_type", "rate")
+_TYPE_ROW = ("job", "gpu_type", "gpus_here", "n_servers", "ratio", "norm_rate")
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require(name: str, value: object, *, positive: bool) -> None:
+    if not _is_real(value) or value < 0 or (positive and value == 0):  # type: ignore[operator]
+        bound = "> 0" if positive else ">= 0"
+        raise ModelError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def _require_count(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _require_shape(gpus_here: object, n_servers: object) -> None:
+    _require_count("gpus_here", gpus_here)
+    _require_count("n_servers", n_servers)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeProfile:
+    """Basic time modules of one iteration, measured by the profiler on ONE GPU of a server whose
+    calibration is `measured_on` (given to `Estimator.add_profile`). Times in seconds."""
+
+    tf_s: float  # forward
+    tb_s: float  # backward
+    tu_s: float  # weight update
+    td_hit_s: float  # data time on cache hit (mean mu_c)
+    td_miss_s: float  # data time on cache miss (mean mu_l)
+    p_cache: float = 1.0  # probability of a cache hit (p_load = 1 - p_cache)
+    tw_hit_s: float = 0.0  # sync wait when data hit
+    tw_miss_s: float = 0.0  # sync wait when data missed (Tw correlates with Td)
+    pattern: int = 1  # 1: data loading overlaps backward+comm; 2: it does not
+    td_hit_sigma: float = 0.0  # kept for reporting; the estimate uses expectations
+    td_miss_sigma: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in _TIME_FIELDS:
+            _require(f"time profile: {name}", getattr(self, name), positive=False)
+        if not (_is_real(self.p_cache) and 0.0 <= self.p_cache <= 1.0):
+            raise ModelError(f"time profile: p_cache must be within [0, 1], got {self.p_cache!r}")
+        if type(self.pattern) is not int or self.pattern not in (1, 2):
+            raise ModelError(f"time profile: pattern must be 1 or 2, got {self.pattern!r}")
+        if self.tf_s + self.tb_s + self.tu_s <= 0:
+            raise ModelError("time profile: tf_s + tb_s + tu_s must be > 0 (an iteration takes time)")
+
+
+_TIME_FIELDS = tuple(f.name for f in fields(TimeProfile) if f.name not in ("p_cache", "pattern"))
+
+
+def iteration_time(tf: float, tb: float, tu: float, td: float, tw: float, tc: float, pattern: int) -> float:
+    """T_iter (HOPS.md 3); pattern 1 overlaps data loading with backward and communication."""
+    busy = max(tb + TC_EXPOSED * tc, tc) + tu
+    if pattern == 1:
+        return max(td, busy) + tf + tw
+    if pattern == 2:
+        return td + busy + tf + tw
+    raise ModelError(f"pattern must be 1 or 2, got {pattern!r}")
+
+
+def allreduce_time(
+    params_bytes: float, gpus_here: int, n_servers: int, link_gbps: float, net_gbps: float
+) -> float:
+    """Tc: ring all-reduce over the `gpus_here` GPUs of one server, or the network term across servers.
+
+    Bandwidths are in GB/s (1e9 bytes per second), as in `Calibration`.
+    """
+    _require("params_bytes", params_bytes, positive=False)
+    _require_shape(gpus_here, n_servers)
+    _require("link_gbps", link_gbps, positive=True)
+    _require("net_gbps", net_gbps, positive=True)
+    if n_servers > 1:
+        return params_bytes / (net_gbps * 1e9)
+    return params_bytes / (link_gbps * 1e9) * (gpus_here - 1) / gpus_here
+
+
+def expected_iteration_time(
+    profile: TimeProfile, tc: float, compute_scale: float = 1.0, data_scale: float = 1.0
+) -> float:
+    """E[T_iter] = p_cache * T(hit) + (1 - p_cache) * T(miss); times divided by the scales."""
+    _require("tc", tc, positive=False)
+    _require("compute_scale", compute_scale, positive=True)
+    _require("data_scale", data_scale, positive=True)
+    cs, ds, pat, p = compute_scale, data_scale, profile.pattern, profile.p_cache
+    tf, tb, tu = profile.tf_s / cs, profile.tb_s / cs, profile.tu_s / cs
+    hit = iteration_time(tf, tb, tu, profile.td_hit_s / ds, profile.tw_hit_s / ds, tc, pat)
+    if p >= 1.0:
+        return hit
+    miss = iteration_time(tf, tb, tu, profile.td_miss_s / ds, profile.tw_miss_s / ds, tc, pat)
+    return p * hit + (1.0 - p) * miss
+
+
+@dataclass(slots=True)
+class _DataClusters:
+    """Online 2-means over running-mode (Td, Tw) samples, assigned by Td; weights give p_cache."""
+
+    hit_td: float
+    hit_tw: float
+    miss_td: float
+    miss_tw: float
+    n_hit: float
+    n_miss: float
+
+    @classmethod
+    def seed(cls, p: TimeProfile) -> _DataClusters:
+        w_hit = _SEED_WEIGHT * p.p_cache
+        return cls(p.td_hit_s, p.tw_hit_s, p.td_miss_s, p.tw_miss_s, w_hit, _SEED_WEIGHT - w_hit)
+
+    def add(self, td: float, tw: float) -> None:
+        if abs(self.miss_td - self.hit_td) <= 1e-12 * max(1.0, abs(self.hit_td)):
+            to_hit = td <= self.hit_td  # coincident centres (a stable profile): split around them
+        else:
+            to_hit = abs(td - self.hit_td) <= abs(td - self.miss_td)
+        if to_hit:
+            self.n_hit += 1.0
+            self.hit_td += (td - self.hit_td) / self.n_hit
+            self.hit_tw += (tw - self.hit_tw) / self.n_hit
+        else:
+            self.n_miss += 1.0
+            self.miss_td += (td - self.miss_td) / self.n_miss
+            self.miss_tw += (tw - self.miss_tw) / self.n_miss
+        total = self.n_hit + self.n_miss
+        if total > _MAX_WEIGHT:
+            self.n_hit *= _MAX_WEIGHT / total
+            self.n_miss *= _MAX_WEIGHT / total
+
+    def apply(self, profile: TimeProfile) -> TimeProfile:
+        total = self.n_hit + self.n_miss
+        p = min(1.0, self.n_hit / total) if total > 0 else profile.p_cache
+        hit, miss = (self.hit_td, self.hit_tw), (self.miss_td, self.miss_tw)
+        return replace(
+            profile, td_hit_s=hit[0], tw_hit_s=hit[1], td_miss_s=miss[0], tw_miss_s=miss[1], p_cache=p
+        )
+
+
+@dataclass(slots=True)
+class _ProfileEntry:
+    profile: TimeProfile  # as profiled
+    measured_on: Calibration
+    data: _DataClusters
+    effective: TimeProfile  # the profile with the running-mode data-time estimate applied
+
+
+@dataclass(slots=True)
+class _EntityEntry:
+    gpu_type: GpuType
+    rate: float  # EWMA of the measured per-GPU samples/s
+
+
+@dataclass(slots=True)
+class _TypeEntry:
+    ratio: float | None = None  # EWMA of measured / theoretical per-GPU rate
+    norm_rate: float | None = None  # EWMA of measured per-GPU rate / compute_factor of the pacing server
+
+
+# (server, batch_size, params_bytes, rate, layer): the first three say what the value was computed for.
+_Cached = tuple[Server, int, float, float | None, str]
+_Shape = tuple[ServerId, int, int]  # (server, gpus_here, n_servers)
+
+
+class Estimator:
+    """The throughput database of HOPS.md 2: entity, type and theoretical layers, read top-down.
+
+    The entity layer keeps one table keyed (server, gpus_here, n_servers): n_servers == 1 is the
+    aggregated table, n_servers > 1 the distributed one. The estimator remembers the batch size and
+    parameter size of the last `JobSpec` it saw for each job, so that `observe` (given only a job id) can
+    learn the type layer's measured/theoretical correction.
+    """
+
+    def __init__(self, ewma_alpha: float = 0.3) -> None:
+        if not (_is_real(ewma_alpha) and 0.0 < ewma_alpha <= 1.0):
+            raise ModelError(f"ewma_alpha must be within (0, 1], got {ewma_alpha!r}")
+        self._alpha = float(ewma_alpha)
+        self._profiles: dict[JobId, dict[GpuType, _ProfileEntry]] = {}
+        self._entity: dict[JobId, dict[_Shape, _EntityEntry]] = {}
+        self._types: dict[JobId, dict[tuple[GpuType, int, int], _TypeEntry]] = {}
+        self._specs: dict[JobId, tuple[int, float]] = {}  # batch_size, params_bytes
+        self._cache: dict[JobId, dict[_Shape, _Cached]] = {}
+
+    def add_profile(
+        self, job_id: JobId, gpu_type: GpuType, profile: TimeProfile, measured_on: Calibration
+    ) -> None:
+        """Store (or replace) a job's profile on a GPU type.
+
+        Replacing a profile reseeds the running-mode data-time estimate from it and drops the type
+        layer's corrections for this type (they were relative to the old profile).
+        """
+        if not isinstance(profile, TimeProfile):
+            raise ModelError(f"profile must be a TimeProfile, got {profile!r}")
+        if not isinstance(measured_on, Calibration):
+            raise ModelError(f"measured_on must be a Calibration, got {measured_on!r}")
+        data = _DataClusters.seed(profile)
+        self._profiles.setdefault(job_id, {})[gpu_type] = _ProfileEntry(
+            profile, measured_on, data, data.apply(profile)
+        )
+        for (t, _, _), entry in self._types.get(job_id, {}).items():
+            if t == gpu_type:
+                entry.ratio = None
+        self._cache.pop(job_id, None)
+
+    def has_profile(self, job_id: JobId, gpu_type: GpuType) -> bool:
+        return gpu_type in self._profiles.get(job_id, {})
+
+    def profiled_types(self, job_id: JobId) -> frozenset[GpuType]:
+        return frozenset(self._profiles.get(job_id, {}))
+
+    def per_gpu_rate(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int = 1) -> float | None:
+        """Samples/s per GPU of `job` on `server` with `gpus_here` GPUs there, in a configuration spanning
+        `n_servers` servers; None if no layer knows anything."""
+        per_job = self._cache.get(job.id)
+        if per_job is not None:
+            hit = per_job.get((server.id, gpus_here, n_servers))
+            if (
+                hit is not None
+                and (hit[0] is server or hit[0] == server)
+                and hit[1] == job.batch_size
+                and hit[2] == job.params_bytes
+            ):
+                return hit[3]
+        return self._fill(job, server, gpus_here, n_servers)[3]
+
+    def layer(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int = 1) -> str:
+        """Which layer `per_gpu_rate` answers from: "entity", "type", "theoretical" or "unknown"."""
+        self.per_gpu_rate(job, server, gpus_here, n_servers)
+        return self._cache[job.id][(server.id, gpus_here, n_servers)][4]
+
+    def config_rate(self, job: JobSpec, config: Config, servers: Mapping[ServerId, Server]) -> float | None:
+        """Total samples/s of a configuration: the slowest GPU sets the pace of all."""
+        n = len(config.parts)
+        slowest = math.inf
+        for sid, gpus in config.parts:
+            rate = self.per_gpu_rate(job, _lookup(servers, sid), gpus, n)
+            if rate is None:
+                return None
+            slowest = min(slowest, rate)
+        return slowest * config.gpus
+
+    def type_rate(
+        self, job: JobSpec, gpu_type: GpuType, reference: Calibration | None = None
+    ) -> float | None:
+        """Per-GPU samples/s on one GPU of this type (for a job's expected run time).
+
+        The mean of the values measured with one GPU on one server of this type, if any; otherwise the
+        theoretical value on a server calibrated as `reference` (default: where the profile was measured).
+        """
+        self._specs[job.id] = (job.batch_size, job.params_bytes)
+        measured = [
+            e.rate
+            for (_, g, n), e in self._entity.get(job.id, {}).items()
+            if g == 1 and n == 1 and e.gpu_type == gpu_type
+        ]
+        if measured:
+            return sum(measured) / len(measured)
+        entry = self._profiles.get(job.id, {}).get(gpu_type)
+        if entry is None:
+            return None
+        cal = reference if reference is not None else entry.measured_on
+        return job.batch_size / expected_iteration_time(
+            entry.effective,
+            0.0,
+            cal.compute_factor / entry.measured_on.compute_factor,
+            cal.data_factor / entry.measured_on.data_factor,
+        )
+
+    def sensitivity(self, job: JobSpec, server: Server, peer: Server) -> float | None:
+        """Placement sensitivity rho = per-GPU rate of {server: 1} / per-GPU rate of {server: 1, peer: 1}.
+
+        The denominator follows the slowest-GPU rule over both servers (the paper's definition), so a
+        slower peer raises rho; pass `peer=server` for the symmetric estimate that ignores the peer.
+        """
+        alone = self.per_gpu_rate(job, server, 1, 1)
+        here = self.per_gpu_rate(job, server, 1, 2)
+        there = here if peer.id == server.id else self.per_gpu_rate(job, peer, 1, 2)
+        if alone is None or here is None or there is None:
+            return None
+        return alone / min(here, there)
+
+    def observe(
+        self,
+        job_id: JobId,
+        config: Config,
+        servers: Mapping[ServerId, Server],
+        samples_per_s: float,
+        *,
+        job: JobSpec | None = None,
+    ) -> None:
+        """Record a measured total throughput of a running configuration.
+
+        Every part gets the per-GPU pace samples_per_s / config.gpus in the entity layer (EWMA); the type
+        layer learns measured / theoretical (the theoretical config pace, when the job's spec is known:
+        from `job` or the last one seen) and the pace normalised by the slowest compute factor.
+        """
+        if not (_is_real(samples_per_s) and samples_per_s > 0):
+            raise ModelError(
+                f"observe: samples_per_s must be a positive finite number, got {samples_per_s!r}"
+            )
+        if job is not None:
+            if job.id != job_id:
+                raise ModelError(f"observe: job.id {job.id!r} does not match job_id {job_id!r}")
+            self._specs[job_id] = (job.batch_size, job.params_bytes)
+        parts = [(_lookup(servers, sid), gpus) for sid, gpus in config.parts]
+        n = len(parts)
+        pace = samples_per_s / config.gpus
+        ratio: float | None = None
+        spec = self._specs.get(job_id)
+        profiles = self._profiles.get(job_id, {})
+        if spec is not None and all(s.gpu_type in profiles for s, _ in parts):
+            theory = min(self._theory(spec[0], spec[1], s, g, n, profiles[s.gpu_type]) for s, g in parts)
+            ratio = pace / theory
+        norm = pace / min(s.calibration.compute_factor for s, _ in parts)
+        entity = self._entity.setdefault(job_id, {})
+        for server, gpus in parts:
+            e = entity.get((server.id, gpus, n))
+            if e is None:
+                entity[(server.id, gpus, n)] = _EntityEntry(server.gpu_type, pace)
+            else:
+                e.gpu_type, e.rate = server.gpu_type, self._ewma(e.rate, pace)
+        types = self._types.setdefault(job_id, {})
+        for key in dict.fromkeys((s.gpu_type, g, n) for s, g in parts):
+            t = types.setdefault(key, _TypeEntry())
+            if ratio is not None:
+                t.ratio = self._ewma(t.ratio, ratio)
+            t.norm_rate = self._ewma(t.norm_rate, norm)
+        self._cache.pop(job_id, None)
+
+    def observe_data_time(self, job_id: JobId, gpu_type: GpuType, td_s: float, tw_s: float) -> None:
+        """A running-mode (Td, Tw) sample: refines the hit/miss means and p_cache of the theoretical layer.
+
+        Samples for a (job, type) without a profile are dropped: there is no theoretical layer to refine.
+        """
+        _require("observe_data_time: td_s", td_s, positive=False)
+        _require("observe_data_time: tw_s", tw_s, positive=False)
+        entry = self._profiles.get(job_id, {}).get(gpu_type)
+        if entry is None:
+            return
+        entry.data.add(float(td_s), float(tw_s))
+        entry.effective = entry.data.apply(entry.profile)
+        self._cache.pop(job_id, None)
+
+    def forget(self, job_id: JobId) -> None:
+        """Drop everything known about a job (it ended for good)."""
+        self._profiles.pop(job_id, None)
+        self._entity.pop(job_id, None)
+        self._types.pop(job_id, None)
+        self._specs.pop(job_id, None)
+        self._cache.pop(job_id, None)
+
+    def export_state(self) -> dict[str, Any]:
+        """A JSON-serialisable snapshot of profiles and observations; `from_state` restores it exactly."""
+        return {
+            "version": _STATE_VERSION,
+            "ewma_alpha": self._alpha,
+            "specs": [{"job": j, "batch_size": b, "params_bytes": p} for j, (b, p) in self._specs.items()],
+            "profiles": [
+                _row(_PROFILE_ROW, (j, t, *map(_fields_of, (e.profile, e.measured_on, e.data))))
+                for j, per_type in self._profiles.items()
+                for t, e in per_type.items()
+            ],
+            "entity": [
+                _row(_ENTITY_ROW, (j, *key, e.gpu_type, e.rate))
+                for j, table in self._entity.items()
+                for key, e in table.items()
+            ],
+            "type": [
+                _row(_TYPE_ROW, (j, *key, e.ratio, e.norm_rate))
+                for j, table in self._types.items()
+                for key, e in table.items()
+            ],
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> Estimator:
+        """Rebuild an estimator from `export_state` output; ModelError if the state is malformed."""
+        try:
+            return cls._load(state)
+        except ModelError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ModelError(f"estimator state is malformed: {exc!r}") from exc
+
+    @classmethod
+    def _load(cls, state: Mapping[str, Any]) -> Estimator:
+        if state.get("version") != _STATE_VERSION:
+            raise ModelError(f"estimator state: unknown version {state.get('version')!r}")
+        est = cls(state["ewma_alpha"])
+        for row in state["specs"]:
+            _require_count("estimator state: batch_size", row["batch_size"])
+            _require("estimator state: params_bytes", row["params_bytes"], positive=False)
+            est._specs[row["job"]] = (row["batch_size"], row["params_bytes"])
+        for row in state["profiles"]:
+            profile = TimeProfile(**row["profile"])
+            data = _DataClusters(**row["data"])
+            for f in fields(_DataClusters):
+                _require(f"estimator state: data.{f.name}", getattr(data, f.name), positive=False)
+            entry = _ProfileEntry(profile, Calibration(**row["measured_on"]), data, data.apply(profile))
+            est._profiles.setdefault(row["job"], {})[row["gpu_type"]] = entry
+        for row in state["entity"]:
+            job, server, gpus, n, gpu_type, rate = (row[k] for k in _ENTITY_ROW)
+            _require_shape(gpus, n)
+            _require("estimator state: rate", rate, positive=True)
+            est._entity.setdefault(job, {})[(server, gpus, n)] = _EntityEntry(gpu_type, rate)
+        for row in state["type"]:
+            job, gpu_type, gpus, n, ratio, norm = (row[k] for k in _TYPE_ROW)
+            _require_shape(gpus, n)
+            for name, value in (("ratio", ratio), ("norm_rate", norm)):
+                if value is not None:
+                    _require(f"estimator state: {name}", value, positive=True)
+            est._types.setdefault(job, {})[(gpu_type, gpus, n)] = _TypeEntry(ratio, norm)
+        return est
+
+    def _ewma(self, old: float | None, new: float) -> float:
+        return new if old is None else self._alpha * new + (1.0 - self._alpha) * old
+
+    @staticmethod
+    def _theory(batch: int, params: float, server: Server, gpus: int, n: int, entry: _ProfileEntry) -> float:
+        cal, ref = server.calibration, entry.measured_on
+        tc = allreduce_time(params, gpus, n, cal.link_gbps, cal.net_gbps)
+        scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
+        return batch / expected_iteration_time(entry.effective, tc, scale_c, scale_d)
+
+    def _fill(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int) -> _Cached:
+        _require_shape(gpus_here, n_servers)
+        self._specs[job.id] = (job.batch_size, job.params_bytes)
+        rate, layer = self._resolve(job, server, gpus_here, n_servers)
+        cached: _Cached = (server, job.batch_size, job.params_bytes, rate, layer)
+        self._cache.setdefault(job.id, {})[(server.id, gpus_here, n_servers)] = cached
+        return cached
+
+    def _resolve(self, job: JobSpec, server: Server, gpus: int, n: int) -> tuple[float | None, str]:
+        entity = self._entity.get(job.id, {}).get((server.id, gpus, n))
+        if entity is not None:
+            return entity.rate, "entity"
+        profile = self._profiles.get(job.id, {}).get(server.gpu_type)
+        theory = None
+        if profile is not None:
+            theory = self._theory(job.batch_size, job.params_bytes, server, gpus, n, profile)
+        typed = self._types.get(job.id, {}).get((server.gpu_type, gpus, n))
+        if typed is not None:
+            if typed.ratio is not None and theory is not None:
+                return theory * typed.ratio, "type"
+            if typed.norm_rate is not None:
+                return typed.norm_rate * server.calibration.compute_factor, "type"
+        if theory is not None:
+            return theory, "theoretical"
+        return None, "unknown"
+
+
+def _lookup(servers: Mapping[ServerId, Server], sid: ServerId) -> Server:
+    server = servers.get(sid)
+    if server is None:
+        raise ModelError(f"configuration names server {sid!r}, which is not among the given servers")
+    return server
+
+
+def _fields_of(value: Any) -> dict[str, Any]:
+    return {f.name: getattr(value, f.name) for f in fields(value)}
+
+
+def _row(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(keys, values, strict=True))

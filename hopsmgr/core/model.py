@@ -151,7 +151,9 @@ class JobSpec:
         if not (math.isfinite(self.total_samples) and self.total_samples > 0):
             raise ModelError(f"job {self.id!r}: total work must be positive, got {self.total_samples!r}")
         if not isinstance(self.batch_size, int) or self.batch_size <= 0:
-            raise ModelError(f"job {self.id!r}: batch_size must be a positive integer, got {self.batch_size!r}")
+            raise ModelError(
+                f"job {self.id!r}: batch_size must be a positive integer, got {self.batch_size!r}"
+            )
         if not (math.isfinite(self.params_bytes) and self.params_bytes >= 0):
             raise ModelError(f"job {self.id!r}: params_bytes must be >= 0, got {self.params_bytes!r}")
         if not (math.isfinite(self.restart_s) and self.restart_s >= 0):

@@ -1,0 +1,257 @@
+"""The program over server classes, and the mapping of its answer onto servers (large clusters).
+
+Servers of one GPU type, host model and number of usable GPUs form a class. The class program has one
+option per (job, class, GPU count): far fewer variables than one per (job, server, count). Each class
+has two rows: its GPUs, and its "large part" slots (a part of more than half a server needs a server of
+its own, so at most one per server). A running job's current configuration is an option of its own
+(pinned, no restart penalty). Spanning configurations stay inside a class.
+
+The answer is mapped class by class: pinned jobs first, then larger parts first, each on the fastest
+(by calibration) server of its class that fits. Jobs the packing could not place, and window jobs left
+out, are offered the remaining GPUs greedily in priority order with exact, location-specific
+configurations. Values are then recomputed with each job's real per-server throughput.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hopsmgr.core import configs as config_gen
+from hopsmgr.core import ilp
+from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
+
+if TYPE_CHECKING:
+    from hopsmgr.core.planner import CandidateView, SolverStats, _Round
+
+
+@dataclass(frozen=True, slots=True)
+class ServerClass:
+    key: tuple[str, str, int]
+    servers: tuple[Server, ...]  # fastest first
+    free: int  # usable GPUs per server
+
+    @property
+    def gpus(self) -> int:
+        return self.free * len(self.servers)
+
+
+@dataclass(frozen=True, slots=True)
+class _ClassOption:
+    job: int
+    cls: int | None  # None: the pinned current configuration
+    gpus: int
+    servers_needed: int
+    pinned: Config | None
+
+
+def build_classes(servers: Mapping[ServerId, Server], free: Mapping[ServerId, int]) -> list[ServerClass]:
+    groups: dict[tuple[str, str, int], list[Server]] = {}
+    for sid, n in free.items():
+        if n > 0:
+            s = servers[sid]
+            groups.setdefault((s.gpu_type, s.host_model, n), []).append(s)
+    return [
+        ServerClass(key, tuple(sorted(members, key=_speed_key)), key[2])
+        for key, members in sorted(groups.items())
+    ]
+
+
+def _speed_key(server: Server) -> tuple[float, float, int, str]:
+    c = server.calibration
+    return (-c.compute_factor, -c.data_factor, server.order, server.id)
+
+
+def solve_by_classes(
+    state: _Round,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    clock: Callable[[], float],
+) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
+    from hopsmgr.core.planner import SolverStats, build_exact_program, explain_candidates
+
+    t0 = clock()
+    classes = build_classes(state.servers, free)
+    options, meta = _class_program(state, jobs, window, classes, running)
+    capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
+    from hopsmgr.core.planner import tenant_resources
+
+    tenant_resources(state, jobs, capacity)
+    t_build = clock()
+    relaxed = ilp.solve(
+        options,
+        capacity,
+        ilp.SolveOptions(
+            gap=state.settings.gap, time_limit_s=state.settings.time_limit_s, mip=False, timer=clock
+        ),
+    )
+    t_class = clock()
+    # Each job keeps, in the location-specific program, every server of the GPU types its LP support uses.
+    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    allowed: dict[JobId, dict[str, list[Server]]] = {}
+    for item, chosen in relaxed.support.items():
+        for o in chosen:
+            c = meta[o].cls
+            if c is not None:
+                gpu_type = classes[c].key[0]
+                allowed.setdefault(jobs[item].id, {})[gpu_type] = type_servers[gpu_type]
+    restricted = {jid for jid in window if jid in allowed}
+    ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
+    t_cfg = clock()
+    warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
+    remaining = max(0.2, state.settings.time_limit_s - (t_cfg - t0))
+    solution = ilp.solve(
+        ex_options,
+        ex_capacity,
+        ilp.SolveOptions(
+            gap=state.settings.gap,
+            time_limit_s=remaining,
+            warm_start=warm,
+            priority_order=tuple(range(len(jobs))),
+            timer=clock,
+        ),
+    )
+    assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}
+    t_solve = clock()
+    _fill(state, jobs, free, assignment, window, running)
+    t_map = clock()
+    objective = sum(
+        _value_of(state, view, assignment[view.id], running) for view in jobs if view.id in assignment
+    )
+    stats = SolverStats(
+        method=f"classes+{solution.method}",
+        model="classes",
+        variables=relaxed.variables + solution.variables,
+        constraints=relaxed.constraints + solution.constraints,
+        config_s=(t_build - t0) + (t_cfg - t_class),
+        build_s=relaxed.build_s + solution.build_s,
+        solve_s=relaxed.solve_s + solution.solve_s,
+        map_s=t_map - t_solve,
+        objective=objective,
+        bound=relaxed.bound,
+        gap=None,
+        proven=False,
+        fallback=solution.fallback,
+    )
+    return assignment, stats, explain_candidates(jobs, ex_options, ex_configs, state)
+
+
+def _class_program(
+    state: _Round,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    classes: Sequence[ServerClass],
+    running: Mapping[JobId, Config],
+) -> tuple[list[ilp.Option], list[_ClassOption]]:
+    """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
+    large-part slots. Running jobs also get their current configuration as a pinned option."""
+    from hopsmgr.core.planner import job_value
+
+    class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
+    options: list[ilp.Option] = []
+    meta: list[_ClassOption] = []
+
+    def add(i: int, view: JobView, opt: _ClassOption, config: Config, uses: list[tuple[int, float]]) -> None:
+        rate = state.estimator.config_rate(view.spec, config, state.servers)
+        if rate is None or rate <= 0:
+            return
+        value = job_value(state, view, rate, moved=view.id in running and opt.pinned is None)
+        options.append(ilp.Option(i, value, tuple(uses)))
+        meta.append(opt)
+
+    for i, view in enumerate(jobs):
+        current = running.get(view.id)
+        if current is not None and all(sid in class_of for sid in current.servers):
+            pinned: dict[int, float] = {}
+            for sid, g in current.parts:
+                c = class_of[sid]
+                pinned[2 * c] = pinned.get(2 * c, 0.0) + g
+                if 2 * g > classes[c].free:
+                    pinned[2 * c + 1] = pinned.get(2 * c + 1, 0.0) + 1
+            add(
+                i,
+                view,
+                _ClassOption(i, None, current.gpus, len(current.parts), current),
+                current,
+                list(pinned.items()),
+            )
+        if view.id not in window:
+            continue
+        span = config_gen.may_span(
+            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+        )
+        for c, cls in enumerate(classes):
+            if not state.estimator.has_profile(view.id, cls.key[0]):
+                continue
+            rep = cls.servers[len(cls.servers) // 2]
+            for gpus in view.spec.requirements:
+                if gpus <= cls.free:
+                    uses = [(2 * c, float(gpus))] + ([(2 * c + 1, 1.0)] if 2 * gpus > cls.free else [])
+                    add(i, view, _ClassOption(i, c, gpus, 1, None), Config.single(rep.id, gpus), uses)
+                elif span:
+                    n = math.ceil(gpus / cls.free)
+                    if n > len(cls.servers):
+                        continue
+                    rest = gpus - cls.free * (n - 1)
+                    parts = {s.id: cls.free for s in cls.servers[: n - 1]}
+                    parts[cls.servers[n - 1].id] = rest
+                    big = (n - 1) + (1 if 2 * rest > cls.free else 0)
+                    add(
+                        i,
+                        view,
+                        _ClassOption(i, c, gpus, n, None),
+                        Config.of(parts),
+                        [(2 * c, float(gpus)), (2 * c + 1, float(big))],
+                    )
+    return options, meta
+
+
+def _value_of(state: _Round, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
+    from hopsmgr.core.planner import job_value
+
+    rate = state.estimator.config_rate(view.spec, config, state.servers) or 0.0
+    return job_value(state, view, rate, moved=_moved(view.id, config, running))
+
+
+def _fill(
+    state: _Round,
+    jobs: Sequence[JobView],
+    free: Mapping[ServerId, int],
+    assignment: dict[JobId, Config],
+    window: set[JobId],
+    running: Mapping[JobId, Config],
+) -> None:
+    """Offer the GPUs left idle to window jobs without a place, in priority order."""
+    from hopsmgr.core.planner import job_value
+
+    left = dict(free)
+    for config in assignment.values():
+        for s, g in config.parts:
+            left[s] -= g
+    for view in jobs:
+        if view.id in assignment or view.id not in window:
+            continue
+        if sum(left.values()) < view.spec.requirements.minimum:
+            continue
+        here = {s: n for s, n in left.items() if n > 0}
+        by_type = config_gen.group_by_type((state.servers[s] for s in here), here)
+        span = config_gen.may_span(
+            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+        )
+        candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, span)
+        if not candidates:
+            continue
+        best = max(
+            candidates, key=lambda c: job_value(state, view, c.rate, _moved(view.id, c.config, running))
+        )
+        for s, g in best.config.parts:
+            left[s] -= g
+        assignment[view.id] = best.config
+
+
+def _moved(job_id: JobId, config: Config, running: Mapping[JobId, Config]) -> bool:
+    return job_id in running and running[job_id] != config

@@ -1,0 +1,101 @@
+"""Configuration generation and placement sensitivity (HOPS.md section 4).
+
+For each window job, per GPU type and per requirement R_k, over servers with usable GPUs:
+- aggregated `{t: R_k}` on every server t that can hold R_k;
+- for low-sensitivity jobs, distributed configurations over adjacent servers of the type (in `order`),
+  each server filled as much as possible, one per starting server, so the space stays O(servers);
+  generation for R_k stops once too few servers remain after the start.
+A high-sensitivity job (rho > sigma) gets aggregated configurations only, unless no single server of
+any type can hold its smallest requirement: then it may span servers too (our reading of the paper).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import Config, GpuType, JobSpec, Server, ServerId
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    config: Config
+    rate: float
+
+
+def group_by_type(servers: Iterable[Server], capacity: Mapping[ServerId, int]) -> dict[GpuType, list[Server]]:
+    """Servers with usable GPUs, per type, in adjacency order."""
+    groups: dict[GpuType, list[Server]] = {}
+    for server in sorted(servers, key=lambda s: (s.order, s.id)):
+        if capacity.get(server.id, 0) > 0:
+            groups.setdefault(server.gpu_type, []).append(server)
+    return groups
+
+
+def sensitivity(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], estimator: Estimator) -> float:
+    """Placement sensitivity rho: worst case over GPU types with two servers (1.0 when unknown)."""
+    worst = 1.0
+    for servers in by_type.values():
+        if len(servers) >= 2:
+            rho = estimator.sensitivity(job, servers[0], servers[1])
+            if rho is not None:
+                worst = max(worst, rho)
+    return worst
+
+
+def may_span(job: JobSpec, rho: float, sigma: float, largest_server: int) -> bool:
+    """Low-sensitivity jobs may span servers; high-sensitivity ones only if nothing else can hold them."""
+    return rho <= sigma or job.requirements.minimum > largest_server
+
+
+def distributed_parts(
+    servers: Sequence[Server], free: Mapping[ServerId, int], start: int, gpus: int
+) -> list[tuple[ServerId, int]] | None:
+    """Fill servers[start:] in order until `gpus` are found; None if they run out first."""
+    parts: list[tuple[ServerId, int]] = []
+    need = gpus
+    for server in servers[start:]:
+        take = min(free.get(server.id, 0), need)
+        if take > 0:
+            parts.append((server.id, take))
+            need -= take
+        if need == 0:
+            return parts
+    return None
+
+
+def generate(
+    job: JobSpec,
+    by_type: Mapping[GpuType, Sequence[Server]],
+    free: Mapping[ServerId, int],
+    servers: Mapping[ServerId, Server],
+    estimator: Estimator,
+    span: bool,
+) -> list[Candidate]:
+    """All candidate configurations of `job` over the `free` GPUs, with their estimated rates."""
+    out: list[Candidate] = []
+    seen: set[Config] = set()
+    for type_servers in by_type.values():
+        for gpus in job.requirements:
+            for server in type_servers:
+                if free.get(server.id, 0) >= gpus:
+                    rate = estimator.config_rate(job, Config.single(server.id, gpus), servers)
+                    if rate is not None and rate > 0:
+                        out.append(Candidate(Config.single(server.id, gpus), rate))
+            if not span:
+                continue
+            for start in range(len(type_servers)):
+                parts = distributed_parts(type_servers, free, start, gpus)
+                if parts is None:
+                    break
+                if len(parts) < 2:
+                    continue
+                config = Config(tuple(sorted(parts)))
+                if config in seen:
+                    continue
+                seen.add(config)
+                rate = estimator.config_rate(job, config, servers)
+                if rate is not None and rate > 0:
+                    out.append(Candidate(config, rate))
+    return out

@@ -1,0 +1,455 @@
+"""One Hops round as a pure function: profiling queue, first plan, fragment plans -> a `Plan`.
+
+`plan_round` (kind "first") re-plans the whole usable cluster: queue order by priority, the service
+window, configurations with estimated throughput, and the prior-weighted program; running jobs take
+part and keep their configuration unless moving pays for the restart penalty. `plan_fragments` (kind
+"fragment") plans only the idle GPUs later in a round, for queued jobs of the window extended by the
+sensitivity adjustment. `profiling_runs` lists the profiling queue's runs for new jobs.
+
+Small instances are solved exactly over location-specific configurations; large ones over server
+classes (hopsmgr.core.classes) with a mapping step. The caller injects `timer`; nothing here reads a
+clock or does I/O beyond handing the program to CBC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from hopsmgr.core import classes as class_model
+from hopsmgr.core import configs as config_gen
+from hopsmgr.core import ilp
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.priority import PriorityContext, ilp_weights, order_queue, priority_values
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.core.window import sensitivity_adjustment, service_window
+
+Timer = Callable[[], float]
+PlanKind = Literal["first", "fragment"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingRun:
+    job_id: JobId
+    server_id: ServerId
+    gpu_type: GpuType
+
+
+@dataclass(frozen=True, slots=True)
+class SolverStats:
+    method: str = "none"
+    model: str = "none"
+    variables: int = 0
+    constraints: int = 0
+    config_s: float = 0.0
+    build_s: float = 0.0
+    solve_s: float = 0.0
+    map_s: float = 0.0
+    total_s: float = 0.0
+    objective: float = 0.0
+    bound: float | None = None
+    gap: float | None = None
+    proven: bool = True
+    fallback: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateView:
+    config: str
+    rate: float
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobExplain:
+    position: int
+    priority: float
+    weight: float
+    in_window: bool
+    sensitivity: float
+    may_span: bool
+    candidates: tuple[CandidateView, ...] = ()
+    chosen: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    kind: PlanKind
+    now: float
+    assignments: dict[JobId, Config]
+    window: tuple[JobId, ...] = ()
+    order: tuple[JobId, ...] = ()
+    priorities: dict[JobId, float] = field(default_factory=dict)
+    unplaceable: dict[JobId, str] = field(default_factory=dict)
+    explain: dict[JobId, JobExplain] = field(default_factory=dict)
+    stats: SolverStats = field(default_factory=SolverStats)
+    idle_gpus: int = 0
+
+
+@dataclass(slots=True)
+class _Round:
+    """Shared, per-call working state of the planner (never escapes a call)."""
+
+    snapshot: ClusterSnapshot
+    estimator: Estimator
+    settings: SchedulerSettings
+    servers: dict[ServerId, Server]
+    by_type: dict[GpuType, list[Server]]
+    weights: dict[JobId, float]
+    base_rate: dict[JobId, float]
+    rho: dict[JobId, float]
+    largest: int
+
+
+def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> PriorityContext:
+    totals: dict[GpuType, int] = {}
+    for s in snapshot.servers:
+        totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
+    all_gpus = sum(totals.values()) or 1
+    return PriorityContext(
+        now=snapshot.now,
+        type_share={t: n / all_gpus for t, n in totals.items()},
+        rate=estimator.type_rate,
+        total_gpus=all_gpus,
+        active_jobs=max(1, len(snapshot.jobs)),
+        tenant_weight={name: q.weight for name, q in snapshot.tenants.items()},
+    )
+
+
+def unplaceable_reason(job: JobSpec, servers: Iterable[Server], estimator: Estimator) -> str | None:
+    """Why `job` can never run on these servers (whatever else runs), or None if it can."""
+    servers = list(servers)
+    if not servers:
+        return "no server is available"
+    known = [
+        s
+        for s in servers
+        if estimator.profiled_types(job.id) and s.gpu_type in estimator.profiled_types(job.id)
+    ]
+    if not known:
+        return "no throughput estimate on any available GPU type (not profiled)"
+    total = sum(s.gpus for s in known)
+    if job.requirements.minimum > total:
+        return (
+            f"smallest requirement {job.requirements.minimum} GPUs exceeds the {total} GPUs of the "
+            "profiled, available servers"
+        )
+    return None
+
+
+def profiling_runs(
+    pending: Sequence[JobSpec], snapshot: ClusterSnapshot, estimator: Estimator, busy: Mapping[ServerId, int]
+) -> list[ProfilingRun]:
+    """One single-GPU run per new job and missing GPU type, spread over servers with idle GPUs."""
+    free = {s.id: snapshot.capacity.get(s.id, 0) - busy.get(s.id, 0) for s in snapshot.servers}
+    by_type = config_gen.group_by_type(snapshot.servers, {k: v for k, v in free.items() if v > 0})
+    runs: list[ProfilingRun] = []
+    for job in sorted(pending, key=lambda j: (j.submit_time, j.id)):
+        for gpu_type, servers in sorted(by_type.items()):
+            if estimator.has_profile(job.id, gpu_type):
+                continue
+            for server in sorted(servers, key=lambda s: -free[s.id]):
+                if free[server.id] > 0:
+                    free[server.id] -= 1
+                    runs.append(ProfilingRun(job.id, server.id, gpu_type))
+                    break
+    return runs
+
+
+def plan_round(
+    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings, timer: Timer | None = None
+) -> Plan:
+    """The first plan of a round over the whole usable cluster (queued and running jobs)."""
+    return _plan(snapshot, estimator, settings, timer, "first")
+
+
+def plan_fragments(
+    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings, timer: Timer | None = None
+) -> Plan:
+    """A later plan within the round: only idle GPUs, only queued jobs; running jobs stay as they are."""
+    return _plan(snapshot, estimator, settings, timer, "fragment")
+
+
+def _plan(
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    timer: Timer | None,
+    kind: PlanKind,
+) -> Plan:
+    clock = timer or (lambda: 0.0)
+    t0 = clock()
+    servers = snapshot.server_map()
+    capacity = {
+        sid: min(n, servers[sid].gpus) for sid, n in snapshot.capacity.items() if sid in servers and n > 0
+    }
+    running = {
+        v.id: v.current for v in snapshot.jobs if v.current is not None and _valid(v.current, capacity)
+    }
+    held: dict[ServerId, int] = {}
+    for config in running.values():
+        for sid, g in config.parts:
+            held[sid] = held.get(sid, 0) + g
+
+    ctx = priority_context(snapshot, estimator)
+    values = priority_values(settings.priority, snapshot.jobs, ctx)
+    ordered = order_queue(snapshot.jobs, values)
+    weights = ilp_weights(values, settings.lambda_)
+    usable_servers = [servers[sid] for sid in capacity]
+    unplaceable: dict[JobId, str] = {}
+    for view in ordered:
+        reason = unplaceable_reason(view.spec, usable_servers, estimator)
+        if reason is not None:
+            unplaceable[view.id] = reason
+    placeable = [v for v in ordered if v.id not in unplaceable]
+
+    by_type = config_gen.group_by_type(usable_servers, capacity)
+    largest = max((s.gpus for s in usable_servers), default=0)
+    state = _Round(snapshot, estimator, settings, servers, by_type, weights, {}, {}, largest)
+    for view in placeable:
+        state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator)
+        state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
+
+    total = sum(capacity.values())
+    window_views = service_window(placeable, total, settings.window)
+    if kind == "first":
+        free = dict(capacity)
+        jobs = list(window_views)
+        in_window = {v.id for v in jobs}
+        # Running jobs behind the window stay candidates for keeping what they hold.
+        jobs += [v for v in placeable if v.id in running and v.id not in in_window]
+        fixed: dict[JobId, Config] = {}
+    else:
+        free = {sid: capacity[sid] - held.get(sid, 0) for sid in capacity}
+        idle = sum(max(0, n) for n in free.values())
+        queued_order = [v for v in placeable if v.id not in running]
+        window_queued = [v for v in window_views if v.id not in running]
+        if settings.sensitivity_adjustment:
+            window_queued = sensitivity_adjustment(window_queued, queued_order, state.rho, idle)
+        jobs = window_queued
+        fixed = dict(running)
+
+    t_cfg = clock()
+    window_set = {v.id for v in jobs} if kind == "fragment" else {v.id for v in window_views}
+    assignment, stats, explain = _solve(
+        state, jobs, window_set, free, running if kind == "first" else {}, clock
+    )
+    assignment.update(fixed)
+    used: dict[ServerId, int] = {}
+    for config in assignment.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    idle_after = sum(capacity[sid] - used.get(sid, 0) for sid in capacity)
+    window_ids = tuple(v.id for v in window_views)
+    position = {v.id: k for k, v in enumerate(ordered)}
+    explain_out = {
+        jid: JobExplain(
+            position=position[jid],
+            priority=values.get(jid, 0.0),
+            weight=weights.get(jid, 0.0),
+            in_window=jid in set(window_ids),
+            sensitivity=state.rho.get(jid, 1.0),
+            may_span=config_gen.may_span(
+                snapshot_job(snapshot, jid), state.rho.get(jid, 1.0), settings.sigma, largest
+            ),
+            candidates=explain.get(jid, ()),
+            chosen=str(assignment[jid]) if jid in assignment else None,
+        )
+        for jid in (v.id for v in placeable)
+    }
+    total_s = clock() - t0
+    stats = _with(stats, config_s=max(0.0, t_cfg - t0) + stats.config_s, total_s=total_s)
+    return Plan(
+        kind=kind,
+        now=snapshot.now,
+        assignments=assignment,
+        window=window_ids,
+        order=tuple(v.id for v in ordered),
+        priorities=values,
+        unplaceable=unplaceable,
+        explain=explain_out,
+        stats=stats,
+        idle_gpus=idle_after,
+    )
+
+
+def snapshot_job(snapshot: ClusterSnapshot, job_id: JobId) -> JobSpec:
+    for v in snapshot.jobs:
+        if v.id == job_id:
+            return v.spec
+    raise KeyError(job_id)
+
+
+def job_value(state: _Round, view: JobView, rate: float, moved: bool) -> float:
+    """(prio + bias)^lambda * G, with the restart penalty when a running job would move."""
+    gain = rate / state.base_rate[view.id]
+    if moved and state.settings.restart_penalty:
+        gain *= max(0.0, 1.0 - view.spec.restart_s / state.settings.round_seconds)
+    return state.weights.get(view.id, 1.0) * gain
+
+
+def _solve(
+    state: _Round,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    clock: Timer,
+) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
+    settings = state.settings
+    jobs = [v for v in jobs if v.id in state.base_rate]
+    n_servers = sum(1 for sid in free if free[sid] > 0)
+    estimate = sum(len(v.spec.requirements.counts) for v in jobs) * max(1, n_servers)
+    exact = settings.solver == "exact" or (
+        settings.solver == "auto" and estimate <= settings.exact_max_variables
+    )
+    if exact or not jobs:
+        return _solve_exact(state, jobs, window, free, running, clock)
+    return class_model.solve_by_classes(state, jobs, window, free, running, clock)
+
+
+def _solve_exact(
+    state: _Round,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    clock: Timer,
+) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
+    t0 = clock()
+    options, option_configs, capacity = build_exact_program(state, jobs, window, free, running)
+    t_cfg = clock()
+    warm = {o.item: k for k, o in enumerate(options) if option_configs[k] == running.get(jobs[o.item].id)}
+    solution = ilp.solve(
+        options,
+        capacity,
+        ilp.SolveOptions(
+            gap=state.settings.gap,
+            time_limit_s=state.settings.time_limit_s,
+            warm_start=warm,
+            priority_order=tuple(range(len(jobs))),
+            timer=clock,
+        ),
+    )
+    assignment = {jobs[i].id: option_configs[o] for i, o in solution.choice.items()}
+    explain = explain_candidates(jobs, options, option_configs, state)
+    stats = SolverStats(
+        method=solution.method,
+        model="exact",
+        variables=solution.variables,
+        constraints=solution.constraints,
+        config_s=t_cfg - t0,
+        build_s=solution.build_s,
+        solve_s=solution.solve_s,
+        objective=solution.objective,
+        bound=solution.bound,
+        gap=solution.gap,
+        proven=solution.proven,
+        fallback=solution.fallback,
+    )
+    return assignment, stats, explain
+
+
+def build_exact_program(
+    state: _Round,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    allowed: Mapping[JobId, Mapping[GpuType, Sequence[Server]]] | None = None,
+) -> tuple[list[ilp.Option], list[Config], list[float]]:
+    """The location-specific program: one option per (job, configuration), per-server GPU capacity.
+
+    Window jobs get every generated configuration (over `allowed[job]` servers when given); running jobs
+    outside the window only their current one. A running job always has its current configuration.
+    """
+    server_ids = sorted(sid for sid in free if free[sid] > 0)
+    resource = {sid: r for r, sid in enumerate(server_ids)}
+    capacity: list[float] = [float(free[sid]) for sid in server_ids]
+    tenant_resource = tenant_resources(state, jobs, capacity)
+    options: list[ilp.Option] = []
+    option_configs: list[Config] = []
+    free_here = {sid: free[sid] for sid in server_ids}
+    for i, view in enumerate(jobs):
+        current = running.get(view.id)
+        candidates = [] if current is None else _keep_candidate(state, view, current, free_here)
+        if view.id in window:
+            span = config_gen.may_span(
+                view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+            )
+            by_type = state.by_type if allowed is None else allowed.get(view.id, {})
+            generated = config_gen.generate(
+                view.spec, by_type, free_here, state.servers, state.estimator, span
+            )
+            candidates += [c for c in generated if c.config != current]
+        t = tenant_resource.get(view.spec.tenant)
+        for cand in candidates:
+            uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
+            if t is not None:
+                uses.append((t, float(cand.config.gpus)))
+            value = job_value(state, view, cand.rate, current is not None and cand.config != current)
+            options.append(ilp.Option(i, value, tuple(uses)))
+            option_configs.append(cand.config)
+    return options, option_configs, capacity
+
+
+def tenant_resources(state: _Round, jobs: Sequence[JobView], capacity: list[float]) -> dict[str, int]:
+    """Add one capacity row per capped tenant (appended to `capacity`); returns tenant -> row."""
+    rows: dict[str, int] = {}
+    tenants = {v.spec.tenant for v in jobs}
+    for name in sorted(tenants):
+        quota = state.snapshot.tenants.get(name)
+        if quota is not None and quota.cap_gpus is not None:
+            rows[name] = len(capacity)
+            capacity.append(float(quota.cap_gpus))
+    return rows
+
+
+def explain_candidates(
+    jobs: Sequence[JobView], options: Sequence[ilp.Option], option_configs: Sequence[Config], state: _Round
+) -> dict[JobId, tuple[CandidateView, ...]]:
+    per_job: dict[JobId, list[CandidateView]] = {}
+    for k, o in enumerate(options):
+        view = jobs[o.item]
+        gain = o.value / max(state.weights.get(view.id, 1.0), 1e-12)
+        rate = gain * state.base_rate[view.id]
+        per_job.setdefault(view.id, []).append(CandidateView(str(option_configs[k]), rate, o.value))
+    return {jid: tuple(sorted(c, key=lambda c: -c.value)[:5]) for jid, c in per_job.items()}
+
+
+def _keep_candidate(
+    state: _Round, view: JobView, current: Config, free: Mapping[ServerId, int]
+) -> list[config_gen.Candidate]:
+    if not _valid(current, free):
+        return []
+    rate = state.estimator.config_rate(view.spec, current, state.servers)
+    return [] if rate is None or rate <= 0 else [config_gen.Candidate(current, rate)]
+
+
+def _valid(config: Config, capacity: Mapping[ServerId, int]) -> bool:
+    return all(capacity.get(sid, 0) >= g for sid, g in config.parts)
+
+
+def _base_rate(
+    job: JobSpec,
+    by_type: Mapping[GpuType, Sequence[Server]],
+    servers: Mapping[ServerId, Server],
+    est: Estimator,
+) -> float:
+    """The job's smallest-configuration throughput (Sia's normaliser): R1 GPUs on the slowest type."""
+    rates = []
+    for gpu_type in by_type:
+        rate = est.type_rate(job, gpu_type)
+        if rate is not None and rate > 0:
+            rates.append(rate)
+    if not rates:
+        return 1.0
+    return min(rates) * job.requirements.minimum
+
+
+def _with(stats: SolverStats, **changes: object) -> SolverStats:
+    from dataclasses import replace
+
+    return replace(stats, **changes)  # type: ignore[arg-type]

@@ -204,6 +204,8 @@ class Estimator:
         self._types: dict[JobId, dict[tuple[GpuType, int, int], _TypeEntry]] = {}
         self._specs: dict[JobId, tuple[int, float]] = {}  # batch_size, params_bytes
         self._cache: dict[JobId, dict[_Shape, _Cached]] = {}
+        # Theoretical values only change with the profile: observations keep them (cheap misses).
+        self._theory_cache: dict[JobId, dict[_Shape, tuple[Server, int, float, float]]] = {}
 
     def add_profile(
         self, job_id: JobId, gpu_type: GpuType, profile: TimeProfile, measured_on: Calibration
@@ -225,6 +227,7 @@ class Estimator:
             if t == gpu_type:
                 entry.ratio = None
         self._cache.pop(job_id, None)
+        self._theory_cache.pop(job_id, None)
 
     def has_profile(self, job_id: JobId, gpu_type: GpuType) -> bool:
         return gpu_type in self._profiles.get(job_id, {})
@@ -364,6 +367,7 @@ class Estimator:
         entry.data.add(float(td_s), float(tw_s))
         entry.effective = entry.data.apply(entry.profile)
         self._cache.pop(job_id, None)
+        self._theory_cache.pop(job_id, None)
 
     def forget(self, job_id: JobId) -> None:
         """Drop everything known about a job (it ended for good)."""
@@ -372,6 +376,7 @@ class Estimator:
         self._types.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._cache.pop(job_id, None)
+        self._theory_cache.pop(job_id, None)
 
     def export_state(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of profiles and observations; `from_state` restores it exactly."""
@@ -446,6 +451,18 @@ class Estimator:
         scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
         return batch / expected_iteration_time(entry.effective, tc, scale_c, scale_d)
 
+    def _theory_of(self, job: JobSpec, server: Server, gpus: int, n: int) -> float | None:
+        per_job = self._theory_cache.setdefault(job.id, {})
+        hit = per_job.get((server.id, gpus, n))
+        if hit is not None and hit[0] is server and hit[1] == job.batch_size and hit[2] == job.params_bytes:
+            return hit[3]
+        profile = self._profiles.get(job.id, {}).get(server.gpu_type)
+        if profile is None:
+            return None
+        theory = self._theory(job.batch_size, job.params_bytes, server, gpus, n, profile)
+        per_job[(server.id, gpus, n)] = (server, job.batch_size, job.params_bytes, theory)
+        return theory
+
     def _fill(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int) -> _Cached:
         _require_shape(gpus_here, n_servers)
         self._specs[job.id] = (job.batch_size, job.params_bytes)
@@ -458,10 +475,7 @@ class Estimator:
         entity = self._entity.get(job.id, {}).get((server.id, gpus, n))
         if entity is not None:
             return entity.rate, "entity"
-        profile = self._profiles.get(job.id, {}).get(server.gpu_type)
-        theory = None
-        if profile is not None:
-            theory = self._theory(job.batch_size, job.params_bytes, server, gpus, n, profile)
+        theory = self._theory_of(job, server, gpus, n)
         typed = self._types.get(job.id, {}).get((server.gpu_type, gpus, n))
         if typed is not None:
             if typed.ratio is not None and theory is not None:

@@ -200,7 +200,7 @@ class Simulation:
                 next_round = t + round_s
                 if progress is not None:
                     progress(finished / len(self.jobs))
-            elif idle_event and self.policy.fragment_plans and self._idle_gpus() > 0:
+            elif idle_event and self.policy.fragment_plans and self._fits_idle():
                 self._plan("fragment")
         return self._result()
 
@@ -226,7 +226,7 @@ class Simulation:
                 job.profile_done_at = self.now + self.options.profile_s
         self._observe()
         self._plan("first")
-        if self.policy.fragment_plans and self._idle_gpus() > 0 and self._waiting():
+        if self.policy.fragment_plans and self._fits_idle():
             self._plan("fragment")
         idle = self._idle_gpus()
         waiting = self._waiting()
@@ -341,6 +341,13 @@ class Simulation:
     # ---- measures ---------------------------------------------------------------------------
     def _idle_gpus(self) -> int:
         return self.total_gpus - sum(j.config.gpus for j in self.live if j.config is not None)
+
+    def _fits_idle(self) -> bool:
+        """Some queued job's smallest requirement fits in the idle GPUs (worth a fragment plan)."""
+        idle = self._idle_gpus()
+        return idle > 0 and any(
+            j.state == JobState.QUEUED and j.spec.requirements.minimum <= idle for j in self.live
+        )
 
     def _waiting(self) -> int:
         return sum(1 for j in self.live if j.state == JobState.QUEUED)

@@ -229,13 +229,21 @@ def _fill(
     from hopsmgr.core.planner import job_value
 
     left = dict(free)
-    for config in assignment.values():
+    by_id = {v.id: v for v in jobs}
+    tenant_left: dict[str, float] = {
+        name: float(q.cap_gpus) for name, q in state.snapshot.tenants.items() if q.cap_gpus is not None
+    }
+    for job_id, config in assignment.items():
         for s, g in config.parts:
             left[s] -= g
+        tenant = by_id[job_id].spec.tenant if job_id in by_id else ""
+        if tenant in tenant_left:
+            tenant_left[tenant] -= config.gpus
     for view in jobs:
         if view.id in assignment or view.id not in window:
             continue
-        if sum(left.values()) < view.spec.requirements.minimum:
+        room = min(float(sum(left.values())), tenant_left.get(view.spec.tenant, math.inf))
+        if room < view.spec.requirements.minimum:
             continue
         here = {s: n for s, n in left.items() if n > 0}
         by_type = config_gen.group_by_type((state.servers[s] for s in here), here)
@@ -243,6 +251,7 @@ def _fill(
             view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
         )
         candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, span)
+        candidates = [c for c in candidates if c.config.gpus <= room]
         if not candidates:
             continue
         best = max(
@@ -250,6 +259,8 @@ def _fill(
         )
         for s, g in best.config.parts:
             left[s] -= g
+        if view.spec.tenant in tenant_left:
+            tenant_left[view.spec.tenant] -= best.config.gpus
         assignment[view.id] = best.config
 
 

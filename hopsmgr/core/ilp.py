@@ -33,6 +33,14 @@ class Option:
     value: float
     uses: tuple[tuple[int, float], ...]
 
+    def __post_init__(self) -> None:
+        # One entry per resource: repeated entries are added up (every check below relies on it).
+        if len({r for r, _ in self.uses}) != len(self.uses):
+            merged: dict[int, float] = {}
+            for r, amount in self.uses:
+                merged[r] = merged.get(r, 0.0) + amount
+            object.__setattr__(self, "uses", tuple(merged.items()))
+
 
 @dataclass(frozen=True, slots=True)
 class SolveOptions:
@@ -310,13 +318,14 @@ def _build(
 
 
 def _run(problem: pulp.LpProblem, opts: SolveOptions, relax: bool, time_limit: float) -> int:
+    # No `threads` option: CBC's threaded search (even with one thread) was seen to idle until the time
+    # limit on tiny programs.
     solver = pulp.COIN_CMD(
         path=pulp_cbc_path,
         msg=False,
         mip=not relax,
         timeLimit=max(1, math.ceil(time_limit)),
         gapRel=opts.gap,
-        threads=1,
         warmStart=not relax,
         options=[] if relax else ["preprocess off"],
     )

@@ -22,6 +22,10 @@ class ModelError(ValueError):
     """A domain value that can never be valid (names the field and the value)."""
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """What a node's calibration kernels measured, relative to its GPU type's nominal speed.
@@ -95,11 +99,11 @@ class RequirementSet:
     @classmethod
     def span(cls, low: int, high: int, levels: int) -> RequirementSet:
         """[low, high] expanded to `levels` counts at (as near as integers allow) equal steps."""
-        if not isinstance(low, int) or low <= 0:
+        if not _is_count(low):
             raise ModelError(f"requirements: min must be a positive integer, got {low!r}")
-        if not isinstance(high, int) or high < low:
+        if not _is_count(high) or high < low:
             raise ModelError(f"requirements: max must be an integer >= min ({low}), got {high!r}")
-        if not isinstance(levels, int) or levels <= 0:
+        if not _is_count(levels):
             raise ModelError(f"requirements: rnum must be a positive integer, got {levels!r}")
         if levels == 1 or low == high:
             return cls.of([low, high] if levels > 1 else [low])
@@ -150,7 +154,7 @@ class JobSpec:
             raise ModelError("job.id must not be empty")
         if not (math.isfinite(self.total_samples) and self.total_samples > 0):
             raise ModelError(f"job {self.id!r}: total work must be positive, got {self.total_samples!r}")
-        if not isinstance(self.batch_size, int) or self.batch_size <= 0:
+        if not _is_count(self.batch_size):
             raise ModelError(
                 f"job {self.id!r}: batch_size must be a positive integer, got {self.batch_size!r}"
             )
@@ -180,13 +184,13 @@ class Config:
         for server, gpus in self.parts:
             if server in seen:
                 raise ModelError(f"configuration names server {server!r} twice")
-            if gpus <= 0:
-                raise ModelError(f"configuration gives server {server!r} {gpus} GPUs")
+            if not _is_count(gpus):
+                raise ModelError(f"configuration gives server {server!r} {gpus!r} GPUs (a positive integer)")
             seen.add(server)
 
     @classmethod
     def of(cls, mapping: Mapping[ServerId, int]) -> Config:
-        return cls(tuple(sorted((s, g) for s, g in mapping.items() if g > 0)))
+        return cls(tuple(sorted((s, g) for s, g in mapping.items() if g != 0)))
 
     @classmethod
     def single(cls, server: ServerId, gpus: int) -> Config:

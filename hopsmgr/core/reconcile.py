@@ -91,6 +91,8 @@ def reconcile(
             else:
                 now_free[sid] = 0
                 after.update(holders.get(sid, ()))
+        if job_id in stopping:
+            after.add(job_id)  # it resumes from the checkpoint its own stop writes
         launches.append(Launch(job_id, want, job_id in resumable or job_id in stopping, tuple(sorted(after))))
     return [*stops, *launches]
 

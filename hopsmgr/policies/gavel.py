@@ -149,9 +149,7 @@ def _values(xs: Mapping[tuple[JobId, GpuType], pulp.LpVariable]) -> dict[tuple[J
 
 
 def _solve(problem: pulp.LpProblem, time_limit_s: float) -> bool:
-    solver = pulp.COIN_CMD(
-        path=pulp_cbc_path, msg=False, timeLimit=max(1, math.ceil(time_limit_s)), threads=1
-    )
+    solver = pulp.COIN_CMD(path=pulp_cbc_path, msg=False, timeLimit=max(1, math.ceil(time_limit_s)))
     try:
         problem.solve(solver)
     except pulp.PulpSolverError:

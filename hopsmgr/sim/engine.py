@@ -68,7 +68,12 @@ class _Job:
     ran_on: set[str] = field(default_factory=set)
 
     def key(self) -> int:
-        return int.from_bytes(hashlib.sha256(self.spec.id.encode()).digest()[:4], "big") or 1
+        return job_key(self.spec.id)
+
+
+def job_key(job_id: str) -> int:
+    """The hidden per-job-instance key of the ground truth (never 0: 0 means "the model's plain rate")."""
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "big") or 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,10 +181,14 @@ class Simulation:
         next_round = self.now
         finished = 0
         while finished < len(self.jobs):
-            t_arrival = self.jobs[self._next_arrival].w.arrival_s if self._next_arrival < len(self.jobs) else math.inf
+            t_arrival = (
+                self.jobs[self._next_arrival].w.arrival_s if self._next_arrival < len(self.jobs) else math.inf
+            )
             running = [j for j in self.live if j.config is not None]
             t_done = min((self._finish_time(j) for j in running), default=math.inf)
-            t_profile = min((j.profile_done_at for j in self.live if j.profile_done_at is not None), default=math.inf)
+            t_profile = min(
+                (j.profile_done_at for j in self.live if j.profile_done_at is not None), default=math.inf
+            )
             t = min(t_arrival, next_round, t_done, t_profile)
             if t - self.jobs[0].w.arrival_s > self.options.max_sim_s:
                 break
@@ -189,10 +198,14 @@ class Simulation:
                 self._complete(job)
                 finished += 1
                 idle_event = True
-            for job in [j for j in self.live if j.profile_done_at is not None and j.profile_done_at <= t + _EPS]:
+            for job in [
+                j for j in self.live if j.profile_done_at is not None and j.profile_done_at <= t + _EPS
+            ]:
                 self._profiled(job)
                 idle_event = True
-            while self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].w.arrival_s <= t + _EPS:
+            while (
+                self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].w.arrival_s <= t + _EPS
+            ):
                 self._arrive(self.jobs[self._next_arrival])
                 self._next_arrival += 1
             if t >= next_round - _EPS:
@@ -215,7 +228,10 @@ class Simulation:
             for gpu_type in sorted({s.gpu_type for s in self.servers}):
                 server = next(s for s in self.servers if s.gpu_type == gpu_type)
                 self.estimator.add_profile(
-                    job.spec.id, gpu_type, self.world.profile(job.w.model, server, self.rng, rng_key=job.key()), server.calibration
+                    job.spec.id,
+                    gpu_type,
+                    self.world.profile(job.w.model, server, self.rng, rng_key=job.key()),
+                    server.calibration,
                 )
             job.state = transition(job.state, JobState.QUEUED)
 
@@ -247,7 +263,10 @@ class Simulation:
         for gpu_type in sorted({s.gpu_type for s in self.servers}):
             server = self.rng.choice([s for s in self.servers if s.gpu_type == gpu_type])
             self.estimator.add_profile(
-                job.spec.id, gpu_type, self.world.profile(job.w.model, server, self.rng, rng_key=job.key()), server.calibration
+                job.spec.id,
+                gpu_type,
+                self.world.profile(job.w.model, server, self.rng, rng_key=job.key()),
+                server.calibration,
             )
         job.state = transition(job.state, JobState.QUEUED)
 

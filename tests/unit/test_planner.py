@@ -1,0 +1,331 @@
+"""Unit tests of hopsmgr.core.planner: hand-built rounds and properties on random busy instances.
+
+CBC is called through PuLP; hand-built snapshots are tiny and the random ones stay below 100 GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from hopsmgr.core import configs as config_gen
+from hopsmgr.core.estimator import Estimator, TimeProfile
+from hopsmgr.core.model import (
+    Calibration,
+    ClusterSnapshot,
+    Config,
+    JobSpec,
+    JobView,
+    RequirementSet,
+    Server,
+    TenantQuota,
+)
+from hopsmgr.core.planner import Plan, plan_fragments, plan_round, profiling_runs
+from hopsmgr.core.scenario import Instance, busy_instance
+from hopsmgr.core.settings import SchedulerSettings
+
+# Per-GPU rate = batch / (tf + tb + tu) x compute factor: no data time, no parameters to all-reduce.
+PROFILE = TimeProfile(tf_s=0.1, tb_s=0.2, tu_s=0.0, td_hit_s=0.0, td_miss_s=0.0)
+EXACT = SchedulerSettings(solver="exact", gap=0.0)
+SOLVERS = ["exact", "classes"]
+
+
+def C(**parts: int) -> Config:
+    return Config.of(parts)
+
+
+def srv(sid: str, gpus: int, compute: float = 1.0, gpu_type: str = "A", order: int = 0) -> Server:
+    return Server(sid, gpu_type, gpus, Calibration(compute_factor=compute), order=order)
+
+
+def spec(jid: str, *counts: int, tenant: str = "default", restart_s: float = 60.0) -> JobSpec:
+    return JobSpec(jid, RequirementSet.of(counts), 1e6, 32, tenant=tenant, restart_s=restart_s)
+
+
+def snapshot(
+    servers: list[Server],
+    views: list[JobView],
+    capacity: Mapping[str, int] | None = None,
+    tenants: Mapping[str, TenantQuota] | None = None,
+) -> ClusterSnapshot:
+    cap = dict(capacity) if capacity is not None else {s.id: s.gpus for s in servers}
+    return ClusterSnapshot(tuple(servers), cap, tuple(views), now=1000.0, tenants=dict(tenants or {}))
+
+
+def profiled(*views: JobView, types: tuple[str, ...] = ("A",)) -> Estimator:
+    est = Estimator()
+    for v in views:
+        for t in types:
+            est.add_profile(v.id, t, PROFILE, Calibration())
+    return est
+
+
+def used_per_server(assignments: Mapping[str, Config]) -> dict[str, int]:
+    used: dict[str, int] = {}
+    for config in assignments.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    return used
+
+
+# --- hand-built rounds ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_single_job_gets_its_best_configuration(solver: str) -> None:
+    servers = [srv("a0", 4, 1.0, order=0), srv("a1", 4, 1.5, order=1)]
+    job = JobView(spec("j", 1, 2, 4))
+    est = profiled(job)
+    snap = snapshot(servers, [job])
+    plan = plan_round(snap, est, SchedulerSettings(solver=solver, gap=0.0))  # type: ignore[arg-type]
+    assert plan.assignments == {"j": C(a1=4)}
+    assert plan.unplaceable == {}
+    assert plan.kind == "first"
+    assert plan.window == ("j",)
+    assert plan.idle_gpus == 4
+    assert plan.explain["j"].chosen == "{a1: 4}"
+    # It is the best of every configuration the generator offers.
+    smap = snap.server_map()
+    by_type = config_gen.group_by_type(servers, snap.capacity)
+    cands = config_gen.generate(job.spec, by_type, dict(snap.capacity), smap, est, span=True)
+    best = max(cands, key=lambda c: c.rate)
+    assert plan.assignments["j"] == best.config
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_job_larger_than_the_cluster_is_unplaceable_with_reason(solver: str) -> None:
+    servers = [srv("a0", 4), srv("a1", 4, order=1)]
+    big, small = JobView(spec("big", 16, 32)), JobView(spec("small", 2))
+    est = profiled(big, small)
+    plan = plan_round(snapshot(servers, [big, small]), est, SchedulerSettings(solver=solver))  # type: ignore[arg-type]
+    assert "big" not in plan.assignments
+    assert "16" in plan.unplaceable["big"]
+    assert "8" in plan.unplaceable["big"]
+    assert "small" not in plan.unplaceable
+    assert "big" not in plan.window  # it does not take the window's room either
+    assert plan.assignments["small"].gpus == 2
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_unprofiled_job_is_unplaceable_with_reason(solver: str) -> None:
+    servers = [srv("a0", 4)]
+    new, known = JobView(spec("new", 1)), JobView(spec("known", 1))
+    est = profiled(known)
+    plan = plan_round(snapshot(servers, [new, known]), est, SchedulerSettings(solver=solver))  # type: ignore[arg-type]
+    assert "new" not in plan.assignments
+    assert "profiled" in plan.unplaceable["new"]
+    assert "known" in plan.assignments
+
+
+def test_job_profiled_only_on_an_absent_type_is_unplaceable() -> None:
+    servers = [srv("a0", 4)]
+    job = JobView(spec("j", 1))
+    plan = plan_round(snapshot(servers, [job]), profiled(job, types=("B",)), EXACT)
+    assert plan.assignments == {}
+    assert "profiled" in plan.unplaceable["j"]
+
+
+def test_no_usable_server_at_all() -> None:
+    servers = [srv("a0", 4)]
+    job = JobView(spec("j", 1))
+    plan = plan_round(snapshot(servers, [job], capacity={"a0": 0}), profiled(job), EXACT)
+    assert plan.assignments == {}
+    assert "j" in plan.unplaceable
+    assert plan.idle_gpus == 0
+
+
+def moving_round(
+    round_seconds: float, restart_penalty: bool = True, solver: str = "exact", fast: str = "A"
+) -> Plan:
+    # j runs on the slow a0; the idle f1 (type `fast`) has 3x the compute: moving triples the rate.
+    servers = [srv("a0", 2, 1.0, order=0), srv("f1", 2, 3.0, gpu_type=fast, order=1)]
+    job = JobView(spec("j", 2, restart_s=60.0), current=C(a0=2), running_s=600.0)
+    settings_ = SchedulerSettings(
+        solver=solver,  # type: ignore[arg-type]
+        gap=0.0,
+        round_seconds=round_seconds,
+        restart_penalty=restart_penalty,
+    )
+    return plan_round(snapshot(servers, [job]), profiled(job, types=("A", "B")), settings_)
+
+
+# The class model values a class at its median server, so its move test puts the fast server in a class
+# of its own (another GPU type); the exact model is tested both ways.
+MOVES = [("exact", "A"), ("exact", "B"), ("classes", "B")]
+
+
+@pytest.mark.parametrize(("solver", "fast"), MOVES)
+def test_running_job_moves_when_the_gain_pays_for_the_restart(solver: str, fast: str) -> None:
+    # 3 x (1 - 60/300) = 2.4 > 1: move.
+    assert moving_round(300.0, solver=solver, fast=fast).assignments == {"j": C(f1=2)}
+
+
+@pytest.mark.parametrize(("solver", "fast"), MOVES)
+def test_running_job_keeps_its_configuration_when_the_restart_costs_more(solver: str, fast: str) -> None:
+    # 3 x (1 - 60/61) ~ 0.05 < 1: keep.
+    assert moving_round(61.0, solver=solver, fast=fast).assignments == {"j": C(a0=2)}
+    # Without the penalty the same round moves it.
+    assert moving_round(61.0, restart_penalty=False, solver=solver, fast=fast).assignments == {"j": C(f1=2)}
+
+
+def test_restart_penalty_threshold() -> None:
+    # Moving pays exactly when 3 x (1 - 60 / round) > 1, i.e. round > 90 s.
+    assert moving_round(89.0).assignments == {"j": C(a0=2)}
+    assert moving_round(91.0).assignments == {"j": C(f1=2)}
+
+
+def test_running_job_keeps_its_configuration_among_equals() -> None:
+    # Two identical servers: moving gains nothing and costs the restart.
+    servers = [srv("a0", 2, order=0), srv("a1", 2, order=1)]
+    job = JobView(spec("j", 2), current=C(a1=2))
+    plan = plan_round(snapshot(servers, [job]), profiled(job), EXACT)
+    assert plan.assignments == {"j": C(a1=2)}
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_tenant_cap_is_respected(solver: str) -> None:
+    servers = [srv("a0", 4, order=0), srv("a1", 4, order=1)]
+    views = [JobView(spec(f"t{k}", 2, tenant="capped"), waited_s=100.0 * (k + 1)) for k in range(4)]
+    views.append(JobView(spec("free", 2, tenant="other"), waited_s=1000.0))  # first in the queue
+    est = profiled(*views)
+    tenants = {"capped": TenantQuota("capped", cap_gpus=4)}
+    plan = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver=solver))  # type: ignore[arg-type]
+    capped = sum(c.gpus for jid, c in plan.assignments.items() if jid.startswith("t"))
+    assert capped <= 4
+    assert capped == 4  # the cap, not less: the cluster has room
+    assert "free" in plan.assignments
+    for sid, n in used_per_server(plan.assignments).items():
+        assert n <= 4, sid
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_fragment_plan_uses_only_idle_gpus_and_keeps_running_jobs(solver: str) -> None:
+    servers = [srv("a0", 4, 1.0, order=0), srv("a1", 4, 3.0, order=1)]
+    r1 = JobView(spec("r1", 3), current=C(a0=3), running_s=100.0)
+    r2 = JobView(spec("r2", 2), current=C(a1=2), running_s=100.0)
+    queued = [JobView(spec(f"q{k}", n), waited_s=10.0 * (k + 1)) for k, n in enumerate((1, 2, 4))]
+    est = profiled(r1, r2, *queued)
+    snap = snapshot(servers, [r1, r2, *queued])
+    # Even without a restart penalty (moving r1 to the fast a1 would pay), running jobs stay put.
+    plan = plan_fragments(snap, est, SchedulerSettings(solver=solver, restart_penalty=False))  # type: ignore[arg-type]
+    assert plan.kind == "fragment"
+    assert plan.assignments["r1"] == C(a0=3)
+    assert plan.assignments["r2"] == C(a1=2)
+    new = {j: c for j, c in plan.assignments.items() if j.startswith("q")}
+    idle = {"a0": 1, "a1": 2}
+    for sid, n in used_per_server(new).items():
+        assert n <= idle[sid]
+    assert "q2" not in new  # 4 GPUs never fit 1 + 2 idle
+    assert sum(c.gpus for c in new.values()) == 3  # q0 and q1 fill the fragments
+    assert plan.idle_gpus == 0
+
+
+def test_profiling_runs_one_gpu_per_missing_type() -> None:
+    servers = [srv("a0", 2, gpu_type="A"), srv("b0", 1, gpu_type="B", order=1)]
+    j1, j2 = spec("j1", 1), spec("j2", 1)
+    est = Estimator()
+    est.add_profile("j2", "A", PROFILE, Calibration())
+    runs = profiling_runs([j1, j2], snapshot(servers, []), est, busy={"a0": 1})
+    # a0 has one idle GPU, b0 one; both go to j1 (submitted first, ids break the tie): j2 needs only B
+    # (it has a profile on A) and finds no idle GPU of type B left.
+    assert [(r.job_id, r.server_id, r.gpu_type) for r in runs] == [("j1", "a0", "A"), ("j1", "b0", "B")]
+    # With the GPUs free, j2 gets its run on B too.
+    runs = profiling_runs(
+        [j1, j2], snapshot([*servers, srv("b1", 1, gpu_type="B", order=2)], []), est, busy={}
+    )
+    assert [(r.job_id, r.gpu_type) for r in runs] == [("j1", "A"), ("j1", "B"), ("j2", "B")]
+    assert len({(r.server_id) for r in runs if r.gpu_type == "B"}) == 2
+
+
+# --- properties on random busy instances ----------------------------------------------------------------
+
+
+def check_plan(plan: Plan, inst: Instance, settings_: SchedulerSettings) -> None:
+    snap = inst.snapshot
+    views = {v.id: v for v in snap.jobs}
+    capacity = {sid: n for sid, n in snap.capacity.items() if n > 0}
+    usable = [s for s in snap.servers if s.id in capacity]
+    largest = max((s.gpus for s in usable), default=0)
+    used = used_per_server(plan.assignments)
+    for sid, n in used.items():
+        assert sid in capacity, sid  # only servers in capacity
+        assert n <= capacity[sid], (sid, n, capacity[sid])  # never over-allocated
+    assert plan.idle_gpus == sum(capacity.values()) - sum(used.values())
+    for jid, config in plan.assignments.items():
+        view = views[jid]
+        assert jid not in plan.unplaceable
+        assert config.gpus in view.spec.requirements, (jid, config)
+        rho = plan.explain[jid].sensitivity
+        assert rho >= 1.0
+        if rho > settings_.sigma and view.spec.requirements.minimum <= largest:
+            assert not config.distributed, (jid, rho, config)
+        # Never mixes GPU types.
+        types = {snap.server_map()[sid].gpu_type for sid in config.servers}
+        assert len(types) == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.integers(16, 96), st.integers(0, 40))
+@example(3, 96, 40)
+def test_busy_instance_properties_and_classes_never_beat_the_optimum(
+    seed: int, gpus: int, queued: int
+) -> None:
+    exact_settings = SchedulerSettings(solver="exact", gap=0.0)
+    classes_settings = SchedulerSettings(solver="classes", gap=0.0)
+    inst = busy_instance(seed, gpus, queued)
+    exact = plan_round(inst.snapshot, inst.estimator, exact_settings)
+    for _ in range(2):
+        # A CBC stall that ends unproven has its own test (test_ilp.py); ask again rather than fail
+        # for it here.
+        if exact.stats.proven:
+            break
+        exact = plan_round(inst.snapshot, inst.estimator, exact_settings)
+    check_plan(exact, inst, exact_settings)
+    classes = plan_round(inst.snapshot, inst.estimator, classes_settings)
+    check_plan(classes, inst, classes_settings)
+    # Both value plans with the same function; the classes plan is one of the exact program's plans, so
+    # it is worth at most the optimum (or, should no answer be proven, the exact program's LP bound).
+    reference = exact.stats.objective if exact.stats.proven else exact.stats.bound
+    assert reference is not None
+    assert classes.stats.objective <= reference + 1e-6
+    assert exact.window == classes.window
+    assert exact.unplaceable == classes.unplaceable
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(16, 96), st.integers(0, 40), st.sampled_from(SOLVERS))
+@example(3, 96, 40, "classes")
+def test_busy_instance_fragment_plans(seed: int, gpus: int, queued: int, solver: str) -> None:
+    settings_ = SchedulerSettings(solver=solver)  # type: ignore[arg-type]
+    inst = busy_instance(seed, gpus, queued)
+    plan = plan_fragments(inst.snapshot, inst.estimator, settings_)
+    check_plan(plan, inst, settings_)
+    held: dict[str, int] = {}
+    for view in inst.snapshot.jobs:
+        if view.current is not None:
+            assert plan.assignments[view.id] == view.current  # running jobs untouched
+            for sid, g in view.current.parts:
+                held[sid] = held.get(sid, 0) + g
+    new = {
+        j: c
+        for j, c in plan.assignments.items()
+        if not any(v.id == j and v.running for v in inst.snapshot.jobs)
+    }
+    for sid, n in used_per_server(new).items():
+        assert n <= inst.snapshot.capacity[sid] - held.get(sid, 0)  # only idle GPUs
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 10_000), st.integers(16, 64), st.integers(0, 30), st.integers(0, 24))
+def test_busy_instance_tenant_caps_exact(seed: int, gpus: int, queued: int, cap: int) -> None:
+    inst = busy_instance(seed, gpus, queued)
+    tenants = {"vision": TenantQuota("vision", cap_gpus=cap)}
+    snap = replace(inst.snapshot, tenants=tenants)
+    plan = plan_round(snap, inst.estimator, SchedulerSettings(solver="exact"))
+    check_plan(plan, Instance(snap, inst.estimator), SchedulerSettings(solver="exact"))
+    tenant_of = {v.id: v.spec.tenant for v in snap.jobs}
+    assert sum(c.gpus for j, c in plan.assignments.items() if tenant_of[j] == "vision") <= cap

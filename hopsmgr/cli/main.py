@@ -76,6 +76,7 @@ def _run_simulation(spec: runner.RunSpec, out: Path | None, quiet: bool = False)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    runner.check_out(args.out)
     cluster = runner.parse_cluster(args.cluster)
     world = runner.make_world(
         args.world, cluster, args.seed, args.throughputs, variation=not args.gavel_compat
@@ -104,6 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    runner.check_out(args.out)
     path = resources.files("hopsmgr") / "data" / "paper-64.toml"
     with resources.as_file(path) as cluster_path:
         cluster = runner.parse_cluster(str(cluster_path))
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--workload", help="poisson:jobs=N,rate=R (R jobs per hour)")
     sim.add_argument("--trace", help="trace file (with --format)")
     sim.add_argument("--format", choices=["gavel", "philly", "tiresias"])
-    sim.add_argument("--limit", type=int, help="use only the first N jobs of the workload")
+    sim.add_argument("--limit", type=int, help="use only the first N jobs of the workload (N > 0)")
     sim.add_argument(
         "--policies", default="hops,sia,gavel,fifo", help=f"comma list of {', '.join(POLICY_NAMES)}"
     )
@@ -164,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except (runner.SimInputError, ConfigError, TraceError, ModelError) as exc:
+        print(f"hopsmgr: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
         print(f"hopsmgr: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

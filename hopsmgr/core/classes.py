@@ -90,15 +90,18 @@ def solve_by_classes(
         ),
     )
     t_class = clock()
-    # Each job keeps, in the location-specific program, every server of the GPU types its LP support uses.
-    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    # The location-specific program keeps, for each job, the servers of the classes its LP support uses
+    # (every server of those classes: the class program cannot tell them apart).
     allowed: dict[JobId, dict[str, list[Server]]] = {}
     for item, chosen in relaxed.support.items():
         for o in chosen:
             c = meta[o].cls
             if c is not None:
-                gpu_type = classes[c].key[0]
-                allowed.setdefault(jobs[item].id, {})[gpu_type] = type_servers[gpu_type]
+                by_type = allowed.setdefault(jobs[item].id, {})
+                by_type[classes[c].key[0]] = [*by_type.get(classes[c].key[0], []), *classes[c].servers]
+    for by_type in allowed.values():
+        for gpu_type, members in by_type.items():
+            by_type[gpu_type] = sorted(set(members), key=lambda s: (s.order, s.id))
     restricted = {jid for jid in window if jid in allowed}
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()

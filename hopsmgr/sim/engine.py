@@ -211,6 +211,7 @@ class Simulation:
             if t >= next_round - _EPS:
                 self._round_start()
                 next_round = t + round_s
+                finished += self._fail_stranded()
                 if progress is not None:
                     progress(finished / len(self.jobs))
             elif idle_event and self.policy.fragment_plans and self._fits_idle():
@@ -257,6 +258,20 @@ class Simulation:
             )
         )
         self.timeline.append((self.now, self._normalised_throughput(), idle if waiting else 0))
+
+    def _fail_stranded(self) -> int:
+        """Queued jobs the policy will never place: nothing runs, profiles or arrives, yet the plan
+        launched nothing. They fail (the live system would report them unplaceable) so the run ends."""
+        if self._next_arrival < len(self.jobs) or any(j.config is not None for j in self.live):
+            return 0
+        if any(j.state in (JobState.PENDING, JobState.PROFILING) for j in self.live):
+            return 0
+        stranded = [j for j in self.live if j.state == JobState.QUEUED]
+        for job in stranded:
+            job.state = transition(job.state, JobState.FAILED)
+            job.end = None
+            self.live.remove(job)
+        return len(stranded)
 
     def _profiled(self, job: _Job) -> None:
         job.profile_done_at = None

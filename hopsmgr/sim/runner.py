@@ -84,11 +84,28 @@ def make_world(
     types = {s.gpu_type for s in cluster.servers}
     chosen = name or ("gavel" if types <= GAVEL_TYPES else "paper")
     sigma = 0.08 if variation else 0.0
+    world: World
     if chosen == "gavel":
-        return gavel_world(throughputs or default_throughputs(), seed=seed, per_server_sigma=sigma)
-    if chosen == "paper":
-        return paper_world(seed=seed, per_server_sigma=sigma)
-    raise SimInputError(f"--world: unknown world {name!r} (known: gavel, paper)")
+        path = throughputs or str(default_throughputs())
+        if not os.path.isfile(path):
+            raise SimInputError(f"--throughputs: no such file {path!r}")
+        try:
+            world = gavel_world(path, seed=seed, per_server_sigma=sigma)
+        except (OSError, ValueError) as exc:
+            raise SimInputError(f"--throughputs: cannot read {path!r}: {exc}") from exc
+    elif chosen == "paper":
+        world = paper_world(seed=seed, per_server_sigma=sigma)
+    else:
+        raise SimInputError(f"--world: unknown world {name!r} (known: gavel, paper)")
+    for server in cluster.servers:
+        try:
+            world.calibration(server)
+        except ValueError as exc:
+            raise SimInputError(
+                f"--cluster: server {server.id!r} (gpu_type {server.gpu_type!r}, host_model "
+                f"{server.host_model!r}) is unknown to the {world.name} world: {exc}"
+            ) from exc
+    return world
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +130,11 @@ def load_workload(
 ) -> list[WorkloadJob]:
     if (workload is None) == (trace is None):
         raise SimInputError("give exactly one of --workload SPEC and --trace FILE")
+    if limit is not None and limit <= 0:
+        raise SimInputError(f"--limit: must be a positive integer, got {limit}")
     if trace is not None:
+        if not os.path.isfile(trace):
+            raise SimInputError(f"--trace: no such file {trace!r}")
         if fmt is None:
             raise SimInputError("--format is required with --trace (gavel, philly or tiresias)")
         kw: dict[str, Any] = {}
@@ -225,7 +246,7 @@ def write_outputs(
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "cluster": spec.cluster.source,
+        "cluster": spec.cluster.name if spec.cluster.source == "--cluster" else spec.cluster.source,
         "gpus": spec.cluster.total_gpus,
         "world": spec.world.name,
         "jobs": len(spec.workload),
@@ -237,6 +258,11 @@ def write_outputs(
     from hopsmgr.sim.plots import draw_all
 
     draw_all(out, results)
+
+
+def check_out(out: Path | None) -> None:
+    if out is not None and out.exists() and not out.is_dir():
+        raise SimInputError(f"--out: {str(out)!r} exists and is not a directory")
 
 
 def check_policies(names: Sequence[str]) -> tuple[str, ...]:

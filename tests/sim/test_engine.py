@@ -1,0 +1,403 @@
+"""Tests of hopsmgr.sim.engine: the discrete-event simulator driven directly, with real policies.
+
+The world is the "paper" one (no shared data needed) on a small 16-GPU cluster of four servers; the
+Poisson workloads are scaled down so that every run takes a fraction of a second. A recording wrapper
+around the policy sees every plan, and a `Simulation` subclass checks the placements after every
+reconciled plan and keeps each job's state history.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.lifecycle import TRANSITIONS, JobState
+from hopsmgr.core.model import ClusterSnapshot, Config, RequirementSet, Server
+from hopsmgr.core.planner import Plan, PlanKind
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.policies.base import Policy, Timer
+from hopsmgr.policies.fifo import FifoPolicy
+from hopsmgr.policies.registry import POLICY_NAMES, make_policy
+from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, _Job, job_key
+from hopsmgr.sim.oracle import OracleEstimator
+from hopsmgr.sim.truth import World, paper_world
+from hopsmgr.sim.workload import WorkloadJob, poisson_workload
+
+WORLD = paper_world(seed=1)
+SERVERS = (
+    Server("rtx-a1", "rtx3090", 4, host_model="A", order=1),
+    Server("rtx-a2", "rtx3090", 4, host_model="A", order=2),
+    Server("txp-1", "titanxp", 4, order=3),
+    Server("gtx-1", "gtx1080ti", 4, order=4),
+)
+CAPACITY = {s.id: s.gpus for s in SERVERS}
+PROFILE_S = 60.0
+
+
+def small_workload(
+    world: World = WORLD, jobs: int = 8, rate: float = 30.0, seed: int = 2, scale: float = 0.1
+) -> list[WorkloadJob]:
+    """A Poisson workload with its work scaled down (every requirement fits the 16-GPU cluster)."""
+    out = [
+        dataclasses.replace(j, total_samples=j.total_samples * scale)
+        for j in poisson_workload(world, jobs, rate, seed=seed)
+    ]
+    assert all(j.requirements.minimum <= 8 for j in out)
+    return out
+
+
+def one_job(
+    job_id: str = "solo",
+    model: str = "GPT-2 medium",
+    gpus: int = 1,
+    seconds: float = 1000.0,
+    arrival: float = 0.0,
+) -> WorkloadJob:
+    """A rigid job with about `seconds` of work on one nominal reference GPU."""
+    spec = WORLD.model(model)
+    return WorkloadJob(
+        job_id=job_id,
+        arrival_s=arrival,
+        model=spec.name,
+        requirements=RequirementSet.rigid(gpus),
+        total_samples=seconds * WORLD.reference_rate(spec.name, gpus),
+        batch_size=spec.batch_size,
+    )
+
+
+# ------------------------------------------------------------------------------ instrumentation
+
+
+class RecordingPolicy:
+    """A real policy, wrapped: every plan call (kind, time, assignments) is recorded and checked."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.description = inner.description
+        self.round_seconds = inner.round_seconds
+        self.fragment_plans = inner.fragment_plans
+        self.calls: list[tuple[PlanKind, float, dict[str, Config]]] = []
+        self.problems: list[str] = []
+
+    def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
+        plan = self.inner.plan(snapshot, estimator, kind, timer)
+        self.calls.append((kind, snapshot.now, dict(plan.assignments)))
+        used: Counter[str] = Counter()
+        known = {v.id for v in snapshot.jobs}
+        for job_id, config in plan.assignments.items():
+            if job_id not in known:
+                self.problems.append(f"t={snapshot.now}: plan assigns unknown job {job_id!r}")
+            for sid, g in config.parts:
+                used[sid] += g
+        for sid, n in used.items():
+            if n > snapshot.capacity.get(sid, 0):
+                self.problems.append(f"t={snapshot.now} {kind}: plan gives {sid} {n} GPUs")
+        return plan
+
+
+class _RecordingJob(_Job):
+    """A simulator job that keeps every state it is given (the engine assigns `job.state` only)."""
+
+    @property
+    def state(self) -> JobState:
+        return self.__dict__["_state"]
+
+    @state.setter
+    def state(self, value: JobState) -> None:
+        self.__dict__["_state"] = value
+        self.__dict__.setdefault("history", []).append(value)
+
+    @property
+    def history(self) -> list[JobState]:
+        return self.__dict__["history"]
+
+
+class CheckedSimulation(Simulation):
+    """After every reconciled plan: no server holds more GPUs than it has, every placed job runs at one
+    of its requirement counts on known servers. Jobs record their state histories."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.jobs = [_RecordingJob(j.w, j.spec) for j in self.jobs]
+        self.violations: list[str] = []
+        self.plans: list[tuple[PlanKind, float]] = []
+
+    def _plan(self, kind: PlanKind) -> Plan:
+        plan = super()._plan(kind)
+        self.plans.append((kind, self.now))
+        used: Counter[str] = Counter()
+        for job in self.live:
+            if job.config is None:
+                continue
+            if job.state not in (JobState.RUNNING, JobState.LAUNCHING):
+                self.violations.append(f"t={self.now}: {job.spec.id} placed in state {job.state}")
+            if job.config.gpus not in job.spec.requirements.counts:
+                self.violations.append(
+                    f"t={self.now}: {job.spec.id} on {job.config.gpus} GPUs, "
+                    f"requirements {job.spec.requirements.counts}"
+                )
+            for sid, g in job.config.parts:
+                if sid not in self.by_id:
+                    self.violations.append(f"t={self.now}: {job.spec.id} on unknown server {sid!r}")
+                used[sid] += g
+        for sid, n in used.items():
+            if n > CAPACITY.get(sid, 0):
+                self.violations.append(f"t={self.now} {kind}: {sid} holds {n} GPUs of {CAPACITY.get(sid, 0)}")
+        return plan
+
+    def histories(self) -> dict[str, list[JobState]]:
+        return {j.spec.id: j.history for j in self.jobs if isinstance(j, _RecordingJob)}
+
+
+def simulate(
+    policy: Policy | str,
+    workload: Sequence[WorkloadJob],
+    servers: Sequence[Server] = SERVERS,
+    world: World = WORLD,
+    estimator: Estimator | None = None,
+    **options: Any,
+) -> tuple[CheckedSimulation, RecordingPolicy, SimResult]:
+    inner = make_policy(policy, SchedulerSettings()) if isinstance(policy, str) else policy
+    wrapped = RecordingPolicy(inner)
+    options.setdefault("profile_s", PROFILE_S)
+    options.setdefault("seed", 1)
+    sim = CheckedSimulation(
+        world, servers, workload, wrapped, SimOptions(**options), time.perf_counter, estimator
+    )
+    return sim, wrapped, sim.run()
+
+
+@pytest.fixture(scope="module")
+def by_policy() -> dict[str, tuple[CheckedSimulation, RecordingPolicy, SimResult]]:
+    """Every registered policy once on the same small workload (profiling and restart costs on)."""
+    workload = small_workload()
+    return {name: simulate(name, workload) for name in POLICY_NAMES}
+
+
+# ------------------------------------------------------------------------------ every policy
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_every_job_completes(
+    by_policy: dict[str, tuple[CheckedSimulation, RecordingPolicy, SimResult]], name: str
+) -> None:
+    sim, policy, result = by_policy[name]
+    assert result.policy == name
+    assert len(result.jobs) == 8
+    assert all(r.completed for r in result.jobs), [r.job_id for r in result.jobs if not r.completed]
+    assert all(r.end_time is not None and r.first_start is not None for r in result.jobs)
+    assert not sim.live
+    assert result.span_s == pytest.approx(max(r.end_time or 0.0 for r in result.jobs))
+    assert result.rounds and policy.calls
+    assert 0 < result.busy_gpu_s <= result.total_gpus * result.span_s + 1e-6
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_plans_never_overfill_a_server(
+    by_policy: dict[str, tuple[CheckedSimulation, RecordingPolicy, SimResult]], name: str
+) -> None:
+    sim, policy, _ = by_policy[name]
+    assert sim.plans, "no plan was made"
+    assert policy.problems == []
+    assert sim.violations == []
+    kinds = {kind for kind, _ in sim.plans}
+    if not policy.fragment_plans:
+        assert kinds == {"first"}  # policies without fragment plans are asked at round starts only
+    assert sum(kind == "first" for kind, _ in sim.plans) == len(sim.rounds)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_lifecycle_follows_the_table(
+    by_policy: dict[str, tuple[CheckedSimulation, RecordingPolicy, SimResult]], name: str
+) -> None:
+    sim, _, result = by_policy[name]
+    histories = sim.histories()
+    assert set(histories) == {r.job_id for r in result.jobs}
+    for job_id, states in histories.items():
+        assert states[0] == JobState.PENDING and states[-1] == JobState.COMPLETED, (job_id, states)
+        for old, new in itertools.pairwise(states):
+            assert new in TRANSITIONS[old], (job_id, old, new)
+        # Profiling on: PENDING -> PROFILING -> QUEUED before the first launch.
+        assert states[1:3] == [JobState.PROFILING, JobState.QUEUED], (job_id, states)
+        assert JobState.LAUNCHING in states and states.index(JobState.LAUNCHING) > 2
+        assert states.count(JobState.PROFILING) == 1
+    for record in result.jobs:
+        assert record.first_start is not None and record.end_time is not None
+        assert record.first_start >= record.submit_time + PROFILE_S - 1e-6, record
+        assert record.end_time > record.first_start
+        assert record.waited_s >= PROFILE_S - 1e-6
+
+
+def test_fifo_never_preempts(
+    by_policy: dict[str, tuple[CheckedSimulation, RecordingPolicy, SimResult]],
+) -> None:
+    sim, _, result = by_policy["fifo"]
+    assert result.preemptions == 0
+    assert result.migrations == 0
+    for states in sim.histories().values():
+        assert JobState.CHECKPOINTING not in states
+        assert states.count(JobState.LAUNCHING) == 1
+
+
+def test_fifo_never_preempts_under_contention() -> None:
+    # Many jobs arriving at once on half the cluster: FIFO still only ever launches, never stops.
+    workload = small_workload(jobs=14, rate=600.0, seed=5, scale=0.05)
+    sim, _, result = simulate("fifo", workload, servers=SERVERS[:2])
+    assert all(r.completed for r in result.jobs)
+    assert result.preemptions == 0 and result.migrations == 0
+    assert sim.violations == []
+    assert max(r.waited_s for r in result.jobs) > 2 * PROFILE_S  # there was contention
+
+
+def test_lifecycle_without_profiling_skips_profiling() -> None:
+    sim, _, result = simulate("hops", small_workload(jobs=5), profiling=False, restart_costs=False)
+    assert all(r.completed for r in result.jobs)
+    for job_id, states in sim.histories().items():
+        assert states[:2] == [JobState.PENDING, JobState.QUEUED], (job_id, states)
+        assert JobState.PROFILING not in states
+        for old, new in itertools.pairwise(states):
+            assert new in TRANSITIONS[old]
+
+
+# ------------------------------------------------------------------------------ restart delay
+
+
+class _Probe(CheckedSimulation):
+    """Records (time, samples done) of every job at every round start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.progress: list[tuple[float, float]] = []
+
+    def _round_start(self) -> None:
+        self.progress.extend((self.now, j.done) for j in self.jobs if j.state == JobState.RUNNING)
+        super()._round_start()
+
+
+@pytest.mark.parametrize("profiling", [False, True])
+def test_launch_makes_no_progress_during_restart_delay(profiling: bool) -> None:
+    server = Server("only", "rtx3090", 1, host_model="A")
+    job = one_job(seconds=900.0)
+    restart_s = WORLD.model(job.model).restart_s
+    assert restart_s > 200  # GPT-2 medium: 25 s + 0.15 s/MB, capped at 250 s
+    policy = RecordingPolicy(FifoPolicy(round_seconds=100.0))
+    sim = _Probe(
+        WORLD,
+        [server],
+        [job],
+        policy,
+        SimOptions(profile_s=PROFILE_S, profiling=profiling, seed=3),
+        time.perf_counter,
+    )
+    result = sim.run()
+    (record,) = result.jobs
+    rate = WORLD.true_rate(job.model, [(sim.by_id["only"], 1)], job_key(job.job_id))
+    assert record.first_start == pytest.approx(PROFILE_S if profiling else 0.0)
+    assert record.end_time is not None and record.first_start is not None
+    expected_end = record.first_start + restart_s + job.total_samples / rate
+    assert record.end_time == pytest.approx(expected_end, rel=1e-9, abs=1e-6)
+    ready = record.first_start + restart_s
+    during = [(t, done) for t, done in sim.progress if t < ready]
+    after = [(t, done) for t, done in sim.progress if t > ready]
+    assert during and after
+    assert all(done == 0.0 for _, done in during), during
+    for t, done in after:
+        assert done == pytest.approx((t - ready) * rate, rel=1e-9)
+
+
+def test_without_restart_costs_progress_starts_at_launch() -> None:
+    server = Server("only", "rtx3090", 1, host_model="A")
+    job = one_job(seconds=600.0)
+    _, _, result = simulate(
+        FifoPolicy(round_seconds=100.0), [job], servers=[server], profiling=False, restart_costs=False
+    )
+    (record,) = result.jobs
+    rate = WORLD.true_rate(job.model, [(server, 1)], job_key(job.job_id))
+    assert record.first_start == 0.0
+    assert record.end_time == pytest.approx(job.total_samples / rate, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------ determinism
+
+
+def _oracle_run(name: str, workload: Sequence[WorkloadJob]) -> SimResult:
+    world = paper_world(seed=4, per_server_sigma=0.0)
+    sim_servers = {
+        s.id: Server(s.id, s.gpu_type, s.gpus, world.calibration(s), s.host_model, s.order) for s in SERVERS
+    }
+    estimator = OracleEstimator(world, sim_servers, {w.job_id: job_key(w.job_id) for w in workload})
+    _, _, result = simulate(
+        name, workload, world=world, estimator=estimator, profiling=False, restart_costs=False, seed=4
+    )
+    return result
+
+
+@pytest.mark.parametrize("name", ["hops", "gavel"])
+def test_gavel_compat_runs_are_deterministic(name: str) -> None:
+    workload = small_workload(paper_world(seed=4, per_server_sigma=0.0), jobs=10, rate=40.0, seed=7)
+    first, second = _oracle_run(name, workload), _oracle_run(name, workload)
+    assert all(r.completed for r in first.jobs)
+    assert first.jobs == second.jobs
+    assert (first.preemptions, first.migrations) == (second.preemptions, second.migrations)
+    assert first.busy_gpu_s == second.busy_gpu_s
+    assert [r.start for r in first.rounds] == [r.start for r in second.rounds]
+    assert [(t, x, f) for t, x, f in first.timeline] == [(t, x, f) for t, x, f in second.timeline]
+    # The oracle knows the truth: no estimator error in the loop.
+    assert all(s.ape == pytest.approx(0.0, abs=1e-9) for s in first.estimator)
+
+
+# ------------------------------------------------------------------------------ estimator error
+
+
+def test_estimator_error_samples_are_finite_seen_and_unseen() -> None:
+    workload = small_workload(jobs=12, rate=20.0, seed=3, scale=0.3)
+    _, _, result = simulate("hops", workload)
+    assert all(r.completed for r in result.jobs)
+    samples = result.estimator
+    assert len(samples) > 20
+    assert all(math.isfinite(s.ape) and s.ape >= 0 for s in samples)
+    assert all(math.isfinite(s.time_s) for s in samples)
+    assert [s.time_s for s in samples] == sorted(s.time_s for s in samples)
+    flags = Counter(s.seen for s in samples)
+    assert flags[True] > 0 and flags[False] > 0, flags
+    # A learnt estimator is mostly right, and better where it has measured.
+    seen = [s.ape for s in samples if s.seen]
+    assert sum(seen) / len(seen) < 0.5
+
+
+# ------------------------------------------------------------------------------ fragment plans
+
+
+def _two_short_jobs() -> list[WorkloadJob]:
+    return [one_job("a", "ResNet18", seconds=50.0), one_job("b", "ResNet18", seconds=70.0)]
+
+
+@pytest.mark.parametrize("name", ["hops", "fifo", "gavel"])
+def test_fragment_plans_fill_gpus_freed_within_the_round(name: str) -> None:
+    server = Server("only", "rtx3090", 1, host_model="A")
+    sim, policy, result = simulate(
+        name, _two_short_jobs(), servers=[server], profiling=False, restart_costs=False
+    )
+    round_s = policy.round_seconds
+    assert all(r.completed for r in result.jobs)
+    first, second = sorted(result.jobs, key=lambda r: r.first_start or 0.0)
+    assert first.first_start == 0.0 and first.end_time is not None and second.first_start is not None
+    assert first.end_time < round_s  # the GPU goes idle within the first round
+    if policy.fragment_plans:
+        assert name != "gavel"
+        assert second.first_start == pytest.approx(first.end_time)
+        assert any(k == "fragment" and t == pytest.approx(first.end_time) for k, t in sim.plans)
+    else:
+        assert name == "gavel"
+        assert second.first_start == pytest.approx(round_s)  # waits for the next round boundary
+        assert all(kind == "first" for kind, _ in sim.plans)
+        assert all(t == pytest.approx(round(t / round_s) * round_s) for t in (c[1] for c in policy.calls))

@@ -1,0 +1,108 @@
+"""The documentation in docs/ stays true to the code it describes (cheap textual checks)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import MISSING, Field, fields
+from pathlib import Path
+
+import pytest
+
+from hopsmgr.cli.main import build_parser
+from hopsmgr.core.lifecycle import mermaid_diagram
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.policies.registry import POLICY_NAMES
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def read(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def toml_name(field_name: str) -> str:
+    return "lambda" if field_name == "lambda_" else field_name
+
+
+def spellings(value: object) -> set[str]:
+    """How a default may be written in the docs: Python repr or str, or its TOML spelling."""
+    out = {repr(value), str(value)}
+    if isinstance(value, bool):
+        out.add("true" if value else "false")
+    elif isinstance(value, str):
+        out.add(f'"{value}"')
+    return out
+
+
+def simulate_long_options() -> list[str]:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    simulate = sub.choices["simulate"]
+    return sorted(
+        opt
+        for action in simulate._actions
+        if not isinstance(action, argparse._HelpAction)
+        for opt in action.option_strings
+        if opt.startswith("--")
+    )
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    body = re.sub(r"```.*?```", "", text, flags=re.S)
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6}\s+(.*)$", body, flags=re.M)}
+
+
+def test_architecture_contains_the_lifecycle_diagram_verbatim() -> None:
+    assert f"```mermaid\n{mermaid_diagram()}```" in read("architecture.md")
+
+
+@pytest.mark.parametrize("field", fields(SchedulerSettings), ids=lambda f: f.name)
+def test_every_scheduler_setting_is_documented_with_its_default(field: Field[object]) -> None:
+    name = toml_name(field.name)
+    default = field.default
+    assert default is not MISSING
+    lines = [line for line in read("configuration.md").splitlines() if f"`{name}`" in line]
+    assert lines, f"scheduler key {name!r} is not in docs/configuration.md"
+    wanted = {f"`{s}`" for s in spellings(default)}
+    assert any(w in line for line in lines for w in wanted), (
+        f"no line of docs/configuration.md names `{name}` with its default {default!r}"
+    )
+
+
+def test_every_simulate_option_is_documented() -> None:
+    text = read("simulator.md")
+    options = simulate_long_options()
+    assert "--cluster" in options
+    missing = [opt for opt in options if f"`{opt}`" not in text]
+    assert not missing, f"hopsmgr simulate options missing from docs/simulator.md: {missing}"
+
+
+def test_every_policy_is_documented() -> None:
+    text = read("simulator.md")
+    missing = [name for name in POLICY_NAMES if f"`{name}`" not in text]
+    assert not missing, f"policies missing from docs/simulator.md: {missing}"
+
+
+def test_relative_links_between_docs_resolve() -> None:
+    docs = sorted(DOCS.glob("*.md"))
+    assert docs
+    broken = []
+    for doc in docs:
+        for target in LINK.findall(doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target):
+                continue  # http:, https:, mailto:
+            path, _, anchor = target.partition("#")
+            resolved = (doc.parent / path).resolve() if path else doc
+            if not resolved.exists():
+                broken.append(f"{doc.name}: {target}")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text("utf-8")):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert not broken, f"broken links: {broken}"

@@ -234,7 +234,9 @@ def _fill(
     left = dict(free)
     by_id = {v.id: v for v in jobs}
     tenant_left: dict[str, float] = {
-        name: float(q.cap_gpus) for name, q in state.snapshot.tenants.items() if q.cap_gpus is not None
+        name: float(q.cap_gpus - state.tenant_held.get(name, 0))
+        for name, q in state.snapshot.tenants.items()
+        if q.cap_gpus is not None
     }
     for job_id, config in assignment.items():
         for s, g in config.parts:

@@ -258,6 +258,7 @@ class JobView:
     attained_gpu_s: float = 0.0
     running_s: float = 0.0
     current: Config | None = None
+    attempt_s: float = 0.0  # how long the current attempt has run (0 when not running)
     restarts: int = 0
 
     @property

@@ -101,6 +101,7 @@ class _Round:
     base_rate: dict[JobId, float]
     rho: dict[JobId, float]
     largest: int
+    tenant_held: dict[str, int] = field(default_factory=dict)
 
 
 def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> PriorityContext:
@@ -215,12 +216,34 @@ def _plan(
     total = sum(capacity.values())
     window_views = service_window(placeable, total, settings.window)
     if kind == "first":
+        # [ours] A job (re)started less than min_attempt_s plus twice its restart cost ago keeps its
+        # GPUs: without this quantum, jobs started by fragment plans are preempted at the next round
+        # start and thrash, paying a restart each time.
+        by_id = {v.id: v for v in snapshot.jobs}
+        fixed = {
+            jid: config
+            for jid, config in running.items()
+            if by_id[jid].attempt_s < settings.min_attempt_s + 2 * by_id[jid].spec.restart_s
+        }
+        # A tenant cap beats the quantum: a tenant over its cap has none of its jobs protected.
+        protected_gpus: dict[str, int] = {}
+        for jid, config in fixed.items():
+            tenant = by_id[jid].spec.tenant
+            protected_gpus[tenant] = protected_gpus.get(tenant, 0) + config.gpus
+        over = {
+            t
+            for t, n in protected_gpus.items()
+            if (q := snapshot.tenants.get(t)) is not None and q.cap_gpus is not None and n > q.cap_gpus
+        }
+        fixed = {jid: c for jid, c in fixed.items() if by_id[jid].spec.tenant not in over}
         free = dict(capacity)
-        jobs = list(window_views)
+        for config in fixed.values():
+            for sid, g in config.parts:
+                free[sid] -= g
+        jobs = [v for v in window_views if v.id not in fixed]
         in_window = {v.id for v in jobs}
         # Running jobs behind the window stay candidates for keeping what they hold.
-        jobs += [v for v in placeable if v.id in running and v.id not in in_window]
-        fixed: dict[JobId, Config] = {}
+        jobs += [v for v in placeable if v.id in running and v.id not in in_window and v.id not in fixed]
     else:
         free = {sid: capacity[sid] - held.get(sid, 0) for sid in capacity}
         idle = sum(max(0, n) for n in free.values())
@@ -231,6 +254,9 @@ def _plan(
         jobs = window_queued
         fixed = dict(running)
 
+    for jid, config in fixed.items():
+        tenant = next(v.spec.tenant for v in snapshot.jobs if v.id == jid)
+        state.tenant_held[tenant] = state.tenant_held.get(tenant, 0) + config.gpus
     t_cfg = clock()
     window_set = {v.id for v in jobs} if kind == "fragment" else {v.id for v in window_views}
     assignment, stats, explain = _solve(
@@ -282,11 +308,21 @@ def snapshot_job(snapshot: ClusterSnapshot, job_id: JobId) -> JobSpec:
     raise KeyError(job_id)
 
 
+def restart_factor(settings: SchedulerSettings, restart_s: float) -> float:
+    """[ours] The share of throughput left after a (re)start: a launch loses `restart_s` out of the
+    time it is sure to keep its GPUs (a round, and at least the minimum attempt length)."""
+    if restart_s <= 0 or not settings.restart_penalty:
+        return 1.0
+    horizon = max(settings.round_seconds, settings.min_attempt_s + 2 * restart_s)
+    return max(0.0, 1.0 - restart_s / horizon)
+
+
 def job_value(state: _Round, view: JobView, rate: float, moved: bool) -> float:
-    """(prio + bias)^lambda * G, with the restart penalty when a running job would move."""
+    """(prio + bias)^lambda * G, times the restart factor for any configuration the job does not
+    hold now (a queued job's launch pays its start-up as a running job's move does)."""
     gain = rate / state.base_rate[view.id]
-    if moved and state.settings.restart_penalty:
-        gain *= max(0.0, 1.0 - view.spec.restart_s / state.settings.round_seconds)
+    if moved or view.current is None:
+        gain *= restart_factor(state.settings, view.spec.restart_s)
     return state.weights.get(view.id, 1.0) * gain
 
 
@@ -403,7 +439,7 @@ def tenant_resources(state: _Round, jobs: Sequence[JobView], capacity: list[floa
         quota = state.snapshot.tenants.get(name)
         if quota is not None and quota.cap_gpus is not None:
             rows[name] = len(capacity)
-            capacity.append(float(quota.cap_gpus))
+            capacity.append(float(max(0, quota.cap_gpus - state.tenant_held.get(name, 0))))
     return rows
 
 

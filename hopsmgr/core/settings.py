@@ -32,6 +32,7 @@ class SchedulerSettings:
     restart_penalty: bool = True
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
+    min_attempt_s: float = 300.0
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -59,6 +60,8 @@ class SchedulerSettings:
             raise bad("profiling_iterations", "must be an integer in [10, 50]")
         if not self.raqlr_hours > 0:
             raise bad("raqlr_hours", "must be > 0")
+        if not self.min_attempt_s >= 0:
+            raise bad("min_attempt_s", "must be >= 0")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

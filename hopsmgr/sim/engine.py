@@ -66,6 +66,7 @@ class _Job:
     last_observed: float = -math.inf
     active_integral: float = 0.0
     ran_on: set[str] = field(default_factory=set)
+    attempt_start: float = 0.0
 
     def key(self) -> int:
         return job_key(self.spec.id)
@@ -306,6 +307,7 @@ class Simulation:
                 running_s=j.running_s,
                 current=j.config,
                 restarts=j.restarts,
+                attempt_s=(self.now - j.attempt_start) if j.config is not None else 0.0,
             )
             for j in self.live
             if j.state in (JobState.QUEUED, JobState.RUNNING, JobState.LAUNCHING)
@@ -343,6 +345,7 @@ class Simulation:
                 parts = [(self.by_id[s], g) for s, g in action.config.parts]
                 job.rate = self.world.true_rate(job.w.model, parts, job.key())
                 job.ready_at = self.now + job.spec.restart_s + delay
+                job.attempt_start = self.now
                 job.first_start = self.now if job.first_start is None else job.first_start
         return plan
 

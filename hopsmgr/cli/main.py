@@ -1,7 +1,7 @@
 """The `hopsmgr` command line.
 
 Today: `simulate` (trace-driven simulation of policies on a cluster) and `demo` (a short simulation of
-the embedded demo cluster). The master's commands (submit, queue, ...) come with the master.
+the paper's 64-GPU cluster, embedded in the package). The master's commands (submit, queue, ...) come with the master.
 """
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, help="write results.json and PNG plots here")
     sim.set_defaults(func=cmd_simulate)
 
-    demo = sub.add_parser("demo", help="a short simulation of the embedded demo cluster")
+    demo = sub.add_parser(
+        "demo", help="a short simulation of the paper's 64-GPU cluster (embedded in the package)"
+    )
     demo.add_argument("--jobs", type=int, default=40)
     demo.add_argument("--rate", type=_positive_float, default=40.0)
     demo.add_argument("--seed", type=int, default=1)

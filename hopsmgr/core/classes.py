@@ -1,15 +1,16 @@
-"""The program over server classes, and the mapping of its answer onto servers (large clusters).
+"""The program over server classes, refined into location-specific placements (large clusters).
 
 Servers of one GPU type, host model and number of usable GPUs form a class. The class program has one
-option per (job, class, GPU count): far fewer variables than one per (job, server, count). Each class
-has two rows: its GPUs, and its "large part" slots (a part of more than half a server needs a server of
-its own, so at most one per server). A running job's current configuration is an option of its own
-(pinned, no restart penalty). Spanning configurations stay inside a class.
+option per (job, class, GPU count), valued at the class's median server: far fewer variables than one
+per (job, server, count). Each class has two rows: its GPUs, and its "large part" slots (a part of more
+than half a server needs a server of its own). A running job's current configuration is an option of
+its own (no restart penalty); spanning configurations stay inside a class.
 
-The answer is mapped class by class: pinned jobs first, then larger parts first, each on the fastest
-(by calibration) server of its class that fits. Jobs the packing could not place, and window jobs left
-out, are offered the remaining GPUs greedily in priority order with exact, location-specific
-configurations. Values are then recomputed with each job's real per-server throughput.
+Only the class program's LP relaxation is solved. Its support (which classes each job would use) then
+restricts a location-specific program (`planner.build_exact_program`) to those GPU types, or, when that
+would be too large, to those classes; that program is solved like the exact one (LP, rounding,
+fix-and-resolve, reduced-cost MIP). GPUs still idle are offered greedily to window jobs left out, in
+priority order. Values are the jobs' real per-server values throughout.
 """
 
 from __future__ import annotations
@@ -90,18 +91,7 @@ def solve_by_classes(
         ),
     )
     t_class = clock()
-    # The location-specific program keeps, for each job, the servers of the classes its LP support uses
-    # (every server of those classes: the class program cannot tell them apart).
-    allowed: dict[JobId, dict[str, list[Server]]] = {}
-    for item, chosen in relaxed.support.items():
-        for o in chosen:
-            c = meta[o].cls
-            if c is not None:
-                by_type = allowed.setdefault(jobs[item].id, {})
-                by_type[classes[c].key[0]] = [*by_type.get(classes[c].key[0], []), *classes[c].servers]
-    for by_type in allowed.values():
-        for gpu_type, members in by_type.items():
-            by_type[gpu_type] = sorted(set(members), key=lambda s: (s.order, s.id))
+    allowed = _refinement_scope(state, jobs, classes, meta, relaxed.support, free)
     restricted = {jid for jid in window if jid in allowed}
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()
@@ -141,6 +131,50 @@ def solve_by_classes(
         fallback=solution.fallback,
     )
     return assignment, stats, explain_candidates(jobs, ex_options, ex_configs, state)
+
+
+def _refinement_scope(
+    state: _Round,
+    jobs: Sequence[JobView],
+    classes: Sequence[ServerClass],
+    meta: Sequence[_ClassOption],
+    support: Mapping[int, tuple[int, ...]],
+    free: Mapping[ServerId, int],
+) -> dict[JobId, dict[str, list[Server]]]:
+    """Servers each job may use in the location-specific program that refines the class answer.
+
+    Every server of the GPU types the job's LP support uses when that program stays small (the class
+    program cannot tell servers of a class apart, nor fragments of a type): within 1% of the exact
+    optimum at 512 GPUs. Above `REFINE_BUDGET` estimated options, only the servers of the support's
+    classes (about a point lower, half the time). Numbers: docs/benchmarks.md.
+    """
+    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    by_type: dict[JobId, dict[str, list[Server]]] = {}
+    by_class: dict[JobId, dict[str, list[Server]]] = {}
+    for item, chosen in support.items():
+        job = jobs[item]
+        for o in chosen:
+            c = meta[o].cls
+            if c is None:
+                continue
+            gpu_type = classes[c].key[0]
+            by_type.setdefault(job.id, {})[gpu_type] = type_servers[gpu_type]
+            members = by_class.setdefault(job.id, {}).setdefault(gpu_type, [])
+            members.extend(s for s in classes[c].servers if s not in members)
+    estimate = sum(
+        len(servers) * len(jobs[i].spec.requirements.counts)
+        for i in support
+        for servers in by_type.get(jobs[i].id, {}).values()
+    )
+    if estimate <= REFINE_BUDGET:
+        return by_type
+    for scope in by_class.values():
+        for gpu_type, members in scope.items():
+            scope[gpu_type] = sorted(members, key=lambda s: (s.order, s.id))
+    return by_class
+
+
+REFINE_BUDGET = 20_000
 
 
 def _class_program(

@@ -115,7 +115,8 @@ def busy_instance(seed: int, gpus: int, queued: int, types: int = 4, busy_fracti
                 spec,
                 done_samples=spec.total_samples * rng.uniform(0, 0.8),
                 waited_s=rng.uniform(0, 3600),
-                running_s=rng.uniform(60, 7200),
+                running_s=(ran := rng.uniform(60, 7200)),
+                attempt_s=ran,
                 current=Config.single(host.id, gpus_wanted),
             )
         )

@@ -26,9 +26,26 @@ from typing import Any
 from hopsmgr.sim import runner
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = ("avg_jct_h", "p99_jct_h", "makespan_h", "avg_wait_h", "max_lr", "mean_lr", "max_ftf",
-        "frags_per_round", "utilisation", "solver_p95_s", "estimator_mape", "estimator_mape_seen",
-        "estimator_mape_unseen", "preemptions", "migrations", "wall_s", "peak_rss_mb", "completed")
+KEYS = (
+    "avg_jct_h",
+    "p99_jct_h",
+    "makespan_h",
+    "avg_wait_h",
+    "max_lr",
+    "mean_lr",
+    "max_ftf",
+    "frags_per_round",
+    "utilisation",
+    "solver_p95_s",
+    "estimator_mape",
+    "estimator_mape_seen",
+    "estimator_mape_unseen",
+    "preemptions",
+    "migrations",
+    "wall_s",
+    "peak_rss_mb",
+    "completed",
+)
 
 
 def run(cluster: str, jobs: int, rate: float, policies: list[str], seed: int) -> dict[str, dict[str, Any]]:
@@ -42,9 +59,12 @@ def run(cluster: str, jobs: int, rate: float, policies: list[str], seed: int) ->
         result = runner.run_policy(spec, name)
         rows[name] = runner.summarise(result, time.perf_counter() - t0)
         r = rows[name]
-        print(f"  seed {seed} {name:>9}: JCT {r['avg_jct_h']:.2f} h, makespan {r['makespan_h']:.2f} h, "
-              f"wait {r['avg_wait_h']:.2f} h, max LR {r['max_lr']:.2f}, frags {r['frags_per_round']:.2f}, "
-              f"wall {r['wall_s']:.0f} s", flush=True)
+        print(
+            f"  seed {seed} {name:>9}: JCT {r['avg_jct_h']:.2f} h, makespan {r['makespan_h']:.2f} h, "
+            f"wait {r['avg_wait_h']:.2f} h, max LR {r['max_lr']:.2f}, frags {r['frags_per_round']:.2f}, "
+            f"wall {r['wall_s']:.0f} s",
+            flush=True,
+        )
     return rows
 
 
@@ -70,7 +90,9 @@ def scenario(name: str, seeds: list[int], rates: list[float]) -> dict[str, Any]:
     if name == "sweep":
         out: dict[str, Any] = {}
         for rate in rates:
-            per_seed = [run("configs/sim/paper-512.toml", 500, rate, ["hops", "sia-lr", "gavel-lr"], s) for s in seeds]
+            per_seed = [
+                run("configs/sim/paper-512.toml", 500, rate, ["hops", "sia-lr", "gavel-lr"], s) for s in seeds
+            ]
             out[str(rate)] = mean_rows(per_seed)
         return {"rates": out}
     if name == "ablation":
@@ -90,8 +112,12 @@ def plot(name: str, doc: dict[str, Any], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(6, 4))
         rates = sorted(doc["rates"], key=float)
         for policy in ("hops", "sia-lr", "gavel-lr"):
-            ax.plot([float(r) for r in rates], [doc["rates"][r][policy]["avg_jct_h"] for r in rates], "o-",
-                    label=policy)
+            ax.plot(
+                [float(r) for r in rates],
+                [doc["rates"][r][policy]["avg_jct_h"] for r in rates],
+                "o-",
+                label=policy,
+            )
         ax.set_xscale("log")
         ax.set_xlabel("arrival rate (jobs/h)")
         ax.set_ylabel("average JCT (h)")

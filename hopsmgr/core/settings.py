@@ -17,7 +17,7 @@ SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
-    round_seconds: float = 300.0
+    round_seconds: float = 120.0
     lambda_: float = 1.0
     sigma: float = 1.4
     window: bool = True

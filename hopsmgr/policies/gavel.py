@@ -43,7 +43,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView, Server, ServerId
 from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
 from hopsmgr.core.priority import order_queue, priority_values
-from hopsmgr.policies.fifo import (
+from hopsmgr.policies.placement import (
     idle_after,
     kept_placements,
     pack,

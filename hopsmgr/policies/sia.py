@@ -38,7 +38,7 @@ from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView,
 from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
 from hopsmgr.core.priority import order_queue, priority_values
 from hopsmgr.core.window import service_window
-from hopsmgr.policies.fifo import (
+from hopsmgr.policies.placement import (
     arrival_order,
     idle_after,
     kept_placements,

@@ -23,8 +23,9 @@ from hopsmgr.core.planner import Plan
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.base import Policy
-from hopsmgr.policies.fifo import FifoPolicy, pack
+from hopsmgr.policies.fifo import FifoPolicy
 from hopsmgr.policies.gavel import GavelPolicy, equal_share_rate, max_min_allocation
+from hopsmgr.policies.placement import pack
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
 from hopsmgr.policies.sia import SiaPolicy, restart_factor
 

@@ -11,6 +11,7 @@ any type can hold its smallest requirement: then it may span servers too (our re
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,12 @@ from hopsmgr.core.model import Config, GpuType, JobSpec, Server, ServerId
 class Candidate:
     config: Config
     rate: float
+
+
+@functools.lru_cache(maxsize=65536)
+def _single(server: ServerId, gpus: int) -> Config:
+    """Configurations are immutable values: one object per (server, GPUs) is enough."""
+    return Config.single(server, gpus)
 
 
 def group_by_type(servers: Iterable[Server], capacity: Mapping[ServerId, int]) -> dict[GpuType, list[Server]]:
@@ -80,9 +87,9 @@ def generate(
         for gpus in job.requirements:
             for server in type_servers:
                 if free.get(server.id, 0) >= gpus:
-                    rate = estimator.config_rate(job, Config.single(server.id, gpus), servers)
-                    if rate is not None and rate > 0:
-                        out.append(Candidate(Config.single(server.id, gpus), rate))
+                    per_gpu = estimator.per_gpu_rate(job, server, gpus, 1)
+                    if per_gpu is not None and per_gpu > 0:
+                        out.append(Candidate(_single(server.id, gpus), per_gpu * gpus))
             if not span:
                 continue
             for start in range(len(type_servers)):

@@ -13,6 +13,7 @@ clock or does I/O beyond handing the program to CBC.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -124,11 +125,8 @@ def unplaceable_reason(job: JobSpec, servers: Iterable[Server], estimator: Estim
     servers = list(servers)
     if not servers:
         return "no server is available"
-    known = [
-        s
-        for s in servers
-        if estimator.profiled_types(job.id) and s.gpu_type in estimator.profiled_types(job.id)
-    ]
+    profiled = estimator.profiled_types(job.id)
+    known = [s for s in servers if s.gpu_type in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
     total = sum(s.gpus for s in known)
@@ -446,13 +444,21 @@ def tenant_resources(state: _Round, jobs: Sequence[JobView], capacity: list[floa
 def explain_candidates(
     jobs: Sequence[JobView], options: Sequence[ilp.Option], option_configs: Sequence[Config], state: _Round
 ) -> dict[JobId, tuple[CandidateView, ...]]:
-    per_job: dict[JobId, list[CandidateView]] = {}
+    by_item: dict[int, list[int]] = {}
     for k, o in enumerate(options):
-        view = jobs[o.item]
-        gain = o.value / max(state.weights.get(view.id, 1.0), 1e-12)
-        rate = gain * state.base_rate[view.id]
-        per_job.setdefault(view.id, []).append(CandidateView(str(option_configs[k]), rate, o.value))
-    return {jid: tuple(sorted(c, key=lambda c: -c.value)[:5]) for jid, c in per_job.items()}
+        by_item.setdefault(o.item, []).append(k)
+    out: dict[JobId, tuple[CandidateView, ...]] = {}
+    for item, ks in by_item.items():
+        view = jobs[item]
+        weight = max(state.weights.get(view.id, 1.0), 1e-12)
+        top = heapq.nlargest(5, ks, key=lambda k: options[k].value)
+        out[view.id] = tuple(
+            CandidateView(
+                str(option_configs[k]), options[k].value / weight * state.base_rate[view.id], options[k].value
+            )
+            for k in top
+        )
+    return out
 
 
 def _keep_candidate(

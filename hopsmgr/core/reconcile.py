@@ -67,9 +67,10 @@ def reconcile(
             stops.append(CheckpointStop(job_id, current[job_id], "migrated"))
     stopping = {s.job_id for s in stops}
     kept = {j: c for j, c in current.items() if j not in stopping}
-    free = {sid: capacity.get(sid, 0) - _usage(kept).get(sid, 0) for sid in capacity}
+    kept_usage, current_usage = _usage(kept), _usage(current)
+    free = {sid: capacity.get(sid, 0) - kept_usage.get(sid, 0) for sid in capacity}
     # GPUs that are free right now (not held by any current placement) need no stop to finish.
-    now_free = {sid: capacity.get(sid, 0) - _usage(current).get(sid, 0) for sid in capacity}
+    now_free = {sid: capacity.get(sid, 0) - current_usage.get(sid, 0) for sid in capacity}
     holders: dict[ServerId, list[JobId]] = {}
     for stop in stops:
         for sid, _ in stop.config.parts:

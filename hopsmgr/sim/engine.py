@@ -148,6 +148,7 @@ class Simulation:
         self.now = 0.0
         self._next_arrival = 0
         self._solver_debt = 0.0
+        self._changed = True
 
     # ---- time -------------------------------------------------------------------------------
     def _advance(self, t: float) -> None:
@@ -222,6 +223,7 @@ class Simulation:
     # ---- events -----------------------------------------------------------------------------
     def _arrive(self, job: _Job) -> None:
         self.live.append(job)
+        self._changed = True
         if self.options.profiling and self._idle_gpus() > 0:
             # Idle GPUs: profile now rather than at the next round start (the plan is not disturbed).
             job.state = transition(job.state, JobState.PROFILING)
@@ -243,9 +245,15 @@ class Simulation:
                 job.state = transition(job.state, JobState.PROFILING)
                 job.profile_done_at = self.now + self.options.profile_s
         self._observe()
-        self._plan("first")
-        if self.policy.fragment_plans and self._fits_idle():
-            self._plan("fragment")
+        # Level-triggered, as the master: with nobody waiting and nothing changed since the last plan
+        # (no arrival, completion, profile, launch or stop), the plan would be the same one.
+        if self._changed or self._waiting():
+            self._changed = False
+            self._plan("first")
+            if self.policy.fragment_plans and self._fits_idle():
+                self._plan("fragment")
+        else:
+            self._last_solver_s = 0.0
         idle = self._idle_gpus()
         waiting = self._waiting()
         self.rounds.append(
@@ -276,6 +284,7 @@ class Simulation:
 
     def _profiled(self, job: _Job) -> None:
         job.profile_done_at = None
+        self._changed = True
         for gpu_type in sorted({s.gpu_type for s in self.servers}):
             server = self.rng.choice([s for s in self.servers if s.gpu_type == gpu_type])
             self.estimator.add_profile(
@@ -287,6 +296,7 @@ class Simulation:
         job.state = transition(job.state, JobState.QUEUED)
 
     def _complete(self, job: _Job) -> None:
+        self._changed = True
         job.done = job.spec.total_samples
         job.state = transition(job.state, JobState.COMPLETED)
         job.end = self.now
@@ -327,6 +337,7 @@ class Simulation:
             desired = {**current, **{jid: c for jid, c in desired.items() if jid not in current}}
         delay = solver_s if self.options.charge_solver else 0.0
         for action in reconcile(current, desired, self.capacity):
+            self._changed = True
             job = by_id[action.job_id]
             if isinstance(action, CheckpointStop):
                 job.state = transition(job.state, JobState.CHECKPOINTING)

@@ -20,13 +20,13 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState, transition
 from hopsmgr.core.metrics import JobRecord, RoundRecord
-from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec, JobView, Server
+from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec, JobView, Server, TenantQuota
 from hopsmgr.core.planner import Plan, PlanKind
 from hopsmgr.core.reconcile import CheckpointStop, Launch, reconcile
 from hopsmgr.policies.base import Policy
@@ -109,8 +109,10 @@ class Simulation:
         options: SimOptions,
         timer: Callable[[], float],
         estimator: Estimator | None = None,
+        tenants: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.world = world
+        self.tenants = dict(tenants or {})
         # Servers as the agents would report them: calibration measured by their kernels.
         self.servers = [
             Server(s.id, s.gpu_type, s.gpus, world.calibration(s), s.host_model, s.order) for s in servers
@@ -322,7 +324,7 @@ class Simulation:
             for j in self.live
             if j.state in (JobState.QUEUED, JobState.RUNNING, JobState.LAUNCHING)
         )
-        return ClusterSnapshot(tuple(self.servers), dict(self.capacity), views, self.now)
+        return ClusterSnapshot(tuple(self.servers), dict(self.capacity), views, self.now, self.tenants)
 
     def _plan(self, kind: PlanKind) -> Plan:
         snapshot = self._snapshot()

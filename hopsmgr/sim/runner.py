@@ -177,7 +177,16 @@ def run_policy(spec: RunSpec, name: str, progress: Callable[[float], None] | Non
         restart_costs=not spec.gavel_compat,
         charge_solver=spec.charge_solver,
     )
-    sim = Simulation(spec.world, servers, spec.workload, policy, options, time.perf_counter, estimator)
+    sim = Simulation(
+        spec.world,
+        servers,
+        spec.workload,
+        policy,
+        options,
+        time.perf_counter,
+        estimator,
+        spec.cluster.tenant_map(),
+    )
     return sim.run(progress)
 
 

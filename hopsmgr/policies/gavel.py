@@ -34,7 +34,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 import pulp
 from pulp.apis.coin_api import pulp_cbc_path
@@ -44,6 +43,8 @@ from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView,
 from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
 from hopsmgr.core.priority import order_queue, priority_values
 from hopsmgr.policies.placement import (
+    QUEUE_ORDERS,
+    QueueOrder,
     idle_after,
     kept_placements,
     pack,
@@ -56,8 +57,6 @@ from hopsmgr.policies.placement import (
 )
 
 Timer = Callable[[], float]
-QueueOrder = Literal["published", "latency_ratio"]
-QUEUE_ORDERS: tuple[str, ...] = ("published", "latency_ratio")
 REPORTED_INFINITY = 1e9  # Plan.priorities stay finite: an infinite priority is reported as this + X
 _EPS = 1e-9
 

@@ -8,9 +8,15 @@ servers, largest free first).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
+
+# How the Gavel and Sia baselines order their queue: as published, or by latency ratio (the Hops paper's
+# comparison).
+QueueOrder = Literal["published", "latency_ratio"]
+QUEUE_ORDERS: tuple[str, ...] = ("published", "latency_ratio")
 
 
 def usable_capacity(snapshot: ClusterSnapshot) -> dict[ServerId, int]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from hopsmgr.core import ilp
 from hopsmgr.core.estimator import Estimator
@@ -39,6 +38,8 @@ from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
 from hopsmgr.core.priority import order_queue, priority_values
 from hopsmgr.core.window import service_window
 from hopsmgr.policies.placement import (
+    QUEUE_ORDERS,
+    QueueOrder,
     arrival_order,
     idle_after,
     kept_placements,
@@ -52,8 +53,6 @@ from hopsmgr.policies.placement import (
 )
 
 Timer = Callable[[], float]
-QueueOrder = Literal["published", "latency_ratio"]
-QUEUE_ORDERS: tuple[str, ...] = ("published", "latency_ratio")
 _MIN_GAIN = 1e-9  # options whose restart-discounted gain is below this are left out (G^p would blow up)
 
 

@@ -78,9 +78,11 @@ def mean_rows(per_seed: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, 
     return out
 
 
-def scenario(name: str, seeds: list[int], rates: list[float]) -> dict[str, Any]:
+def scenario(
+    name: str, seeds: list[int], rates: list[float], only: list[str] | None = None
+) -> dict[str, Any]:
     if name == "compare":
-        policies = ["hops", "sia-lr", "gavel-lr", "sia", "gavel", "fifo"]
+        policies = only or ["hops", "sia-lr", "gavel-lr", "sia", "gavel", "fifo"]
         per_seed = [run("configs/sim/paper-512.toml", 500, 100.0, policies, s) for s in seeds]
         return {"per_seed": per_seed, "mean": mean_rows(per_seed)}
     if name == "small":
@@ -145,12 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenario", required=True, choices=["compare", "small", "sweep", "ablation"])
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--rates", default="30,100,300,1200")
+    parser.add_argument("--policies", help="compare: run only these policies (comma list)")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     rates = [float(r) for r in args.rates.split(",")]
     t0 = time.perf_counter()
-    doc = scenario(args.scenario, seeds, rates)
+    only = [p for p in args.policies.split(",") if p] if args.policies else None
+    doc = scenario(args.scenario, seeds, rates, only)
     doc["scenario"] = args.scenario
     doc["seeds"] = seeds
     doc["wall_s"] = time.perf_counter() - t0

@@ -46,6 +46,7 @@ from hopsmgr.policies.placement import (
     QUEUE_ORDERS,
     QueueOrder,
     idle_after,
+    keep_plan,
     kept_placements,
     pack,
     representative_rate,
@@ -269,17 +270,7 @@ class GavelPolicy:
         by_type = servers_by_type(snapshot, capacity)
         gpus = type_gpus(by_type, capacity)
         if kind != "first":
-            kept = kept_placements(snapshot.jobs, dict(capacity))
-            t1 = timer()
-            stats = SolverStats(method="keep", model="gavel", total_s=t1 - t0)
-            return Plan(
-                kind,
-                snapshot.now,
-                kept,
-                order=tuple(v.id for v in snapshot.jobs),
-                stats=stats,
-                idle_gpus=idle_after(capacity, kept),
-            )
+            return keep_plan(snapshot, capacity, kind, "gavel", timer() - t0)
 
         unplaceable = unplaceable_reasons(snapshot.jobs, gpus, estimator, lambda job: job.requirements.median)
         jobs = [v for v in snapshot.jobs if v.id not in unplaceable]

@@ -12,6 +12,7 @@ from typing import Literal
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.planner import Plan, PlanKind, SolverStats
 
 # How the Gavel and Sia baselines order their queue: as published, or by latency ratio (the Hops paper's
 # comparison).
@@ -150,3 +151,18 @@ def idle_after(capacity: Mapping[ServerId, int], assignments: Mapping[JobId, Con
 
 def arrival_order(views: Iterable[JobView]) -> list[JobView]:
     return sorted(views, key=lambda v: (v.spec.submit_time, v.id))
+
+
+def keep_plan(
+    snapshot: ClusterSnapshot, capacity: Mapping[ServerId, int], kind: PlanKind, model: str, elapsed_s: float
+) -> Plan:
+    """The answer of a policy without fragment plans to a within-round call: keep what runs."""
+    kept = kept_placements(snapshot.jobs, dict(capacity))
+    return Plan(
+        kind,
+        snapshot.now,
+        kept,
+        order=tuple(v.id for v in snapshot.jobs),
+        stats=SolverStats(method="keep", model=model, total_s=elapsed_s),
+        idle_gpus=idle_after(capacity, kept),
+    )

@@ -42,6 +42,7 @@ from hopsmgr.policies.placement import (
     QueueOrder,
     arrival_order,
     idle_after,
+    keep_plan,
     kept_placements,
     pack,
     representative_rate,
@@ -167,17 +168,7 @@ class SiaPolicy:
         by_type = servers_by_type(snapshot, capacity)
         gpus = type_gpus(by_type, capacity)
         if kind != "first":
-            kept = kept_placements(snapshot.jobs, dict(capacity))
-            t1 = timer()
-            stats = SolverStats(method="keep", model="sia", total_s=t1 - t0)
-            return Plan(
-                kind,
-                snapshot.now,
-                kept,
-                order=tuple(v.id for v in snapshot.jobs),
-                stats=stats,
-                idle_gpus=idle_after(capacity, kept),
-            )
+            return keep_plan(snapshot, capacity, kind, "sia", timer() - t0)
 
         unplaceable = unplaceable_reasons(
             snapshot.jobs, gpus, estimator, lambda job: job.requirements.minimum

@@ -32,6 +32,10 @@ Schema (every table except the servers is optional)::
     round_seconds = 300
     lambda = 1.0
 
+    [master]                  # the daemon (hopsmgr master): any field of MasterSettings
+    listen = "127.0.0.1:8470" # host:port; not loopback needs TLS + tokens, or insecure = true
+    heartbeat_interval_s = 5
+
     [[tenants]]               # none given: one tenant "default" without guarantee or cap
     name = "vision"           # unique, [A-Za-z0-9_.-]+
     guaranteed_gpus = 16      # >= 0, default 0; all guarantees together <= the cluster's GPUs
@@ -49,10 +53,10 @@ import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,14 +65,18 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from hopsmgr.core.model import Calibration, ModelError, Server, TenantQuota
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.master.settings import MasterSettings
 
 __all__ = [
     "ClusterConfig",
     "ConfigError",
+    "MasterSettings",
     "load_cluster_config",
     "load_default_cluster_config",
     "parse_cluster_config",
 ]
+
+_S = TypeVar("_S")
 
 MAX_GPUS_PER_SERVER = 64
 MAX_GROUP_COUNT = 1024
@@ -78,7 +86,7 @@ _DEFAULT_RESOURCE = ("data", "default-cluster.toml")
 _ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _CALIBRATION_KEYS = ("compute_factor", "memory_factor", "data_factor", "link_gbps", "net_gbps")
-_TOP_KEYS = ("cluster", "servers", "server_groups", "scheduler", "tenants")
+_TOP_KEYS = ("cluster", "servers", "server_groups", "scheduler", "tenants", "master")
 _SERVER_KEYS = ("id", "gpu_type", "gpus", "host_model", "order", "calibration")
 _GROUP_KEYS = ("prefix", "count", "gpu_type", "gpus", "host_model", "order", "calibration")
 _TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight")
@@ -124,6 +132,7 @@ class ClusterConfig:
     scheduler: SchedulerSettings
     tenants: tuple[TenantQuota, ...]
     source: str = "<inline>"
+    master: MasterSettings = field(default_factory=MasterSettings)
 
     def tenant_map(self) -> dict[str, TenantQuota]:
         return {t.name: t for t in self.tenants}
@@ -212,7 +221,8 @@ class _Parser:
         servers = self.servers(doc)
         scheduler = self.scheduler(doc.get("scheduler", MISSING))
         tenants = self.tenants(doc.get("tenants", MISSING), sum(s.gpus for s in servers))
-        return ClusterConfig(name, servers, scheduler, tenants, self.source)
+        master = self.settings(doc.get("master", MISSING), "master", MasterSettings)
+        return ClusterConfig(name, servers, scheduler, tenants, self.source, master)
 
     def cluster_name(self, raw: object) -> str:
         default = Path(self.source).stem if not self.source.startswith("<") else "cluster"
@@ -281,15 +291,19 @@ class _Parser:
         return tuple(result)
 
     def scheduler(self, raw: object) -> SchedulerSettings:
-        toml_name = {f.name: ("lambda" if f.name == "lambda_" else f.name) for f in fields(SchedulerSettings)}
-        by_toml = {toml_name[f.name]: f for f in fields(SchedulerSettings)}
-        defaults = {f.name: f.default for f in fields(SchedulerSettings)}
+        return self.settings(raw, "scheduler", SchedulerSettings, {"lambda_": "lambda"})
+
+    def settings(self, raw: object, section: str, cls: type[_S], renamed: Mapping[str, str] = {}) -> _S:
+        """A settings dataclass from its TOML table; each field's default type sets the TOML type."""
+        toml_name = {f.name: renamed.get(f.name, f.name) for f in fields(cls)}  # type: ignore[arg-type]
+        by_toml = {toml_name[f.name]: f for f in fields(cls)}  # type: ignore[arg-type]
+        defaults = {f.name: f.default for f in fields(cls)}  # type: ignore[arg-type]
         if raw is MISSING:
-            return SchedulerSettings()
-        table = self.table(raw, "scheduler", by_toml)
+            return cls()
+        table = self.table(raw, section, by_toml)
         kwargs: dict[str, Any] = {}
         for name, value in table.items():
-            f, key = by_toml[name], f"scheduler.{name}"
+            f, key = by_toml[name], f"{section}.{name}"
             if isinstance(f.default, bool):
                 kwargs[f.name] = self.boolean(value, key)
             elif isinstance(f.default, int):
@@ -301,14 +315,14 @@ class _Parser:
             else:  # pragma: no cover - every field today has a scalar default
                 kwargs[f.name] = value
         try:
-            return SchedulerSettings(**kwargs)
+            return cls(**kwargs)
         except (ValueError, TypeError) as exc:
-            match = re.match(r"scheduler\.(\w+): (.*), got ", str(exc))
+            match = re.match(rf"{section}\.(\w+): (.*), got ", str(exc))
             if match is None or match.group(1) not in toml_name:
-                self.fail("scheduler", dict(table), str(exc))
+                self.fail(section, dict(table), str(exc))
             field_name, reason = match.group(1), match.group(2)
             value = table.get(toml_name[field_name], defaults.get(field_name, MISSING))
-            self.fail(f"scheduler.{toml_name[field_name]}", value, reason)
+            self.fail(f"{section}.{toml_name[field_name]}", value, reason)
 
     def tenants(self, raw: object, total_gpus: int) -> tuple[TenantQuota, ...]:
         result: list[TenantQuota] = []

@@ -1,7 +1,9 @@
 """The `hopsmgr` command line.
 
-Today: `simulate` (trace-driven simulation of policies on a cluster) and `demo` (a short simulation of
-the paper's 64-GPU cluster, embedded in the package). The master's commands (submit, queue, ...) come with the master.
+`simulate` (trace-driven simulation of policies on a cluster) and `demo` (a short simulation of the
+paper's 64-GPU cluster, embedded in the package), plus the clients of a running master's REST API
+(submit, queue, show, cancel, logs, explain, nodes, drain, undrain, quota, cluster, token), registered
+by `hopsmgr.cli.commands.register`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from hopsmgr.cli import commands, daemon
 from hopsmgr.config import ConfigError
 from hopsmgr.core.model import ModelError
 from hopsmgr.policies.registry import POLICY_NAMES
@@ -159,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--out", type=Path)
     demo.set_defaults(func=cmd_demo)
+
+    commands.register(sub)
+    daemon.register(sub)
     return parser
 
 

@@ -1,0 +1,213 @@
+"""The agent's main loop: heartbeat the master, report attempts, apply its answers, reap strays.
+
+Each beat reads the node's attempt records (hopsmgr.node.ops.status), reports running attempts with
+their progress and finished ones with exit status, profile and log tail; the master's answer acks
+finished attempts (the agent then forgets them) and lists attempts that must not run (the agent stops
+them: grace, then kill). Answers from an older master epoch than one already seen are ignored (fencing).
+Connection failures back off exponentially up to 30 s; the agent never gives up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import random
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import structlog
+
+from hopsmgr.config import ConfigError
+from hopsmgr.logs import configure_logging
+from hopsmgr.node import ops
+from hopsmgr.node.layout import WrapperError
+from hopsmgr.protocol import PROTOCOL_VERSION, HeartbeatReply, WireError, parse_heartbeat_reply
+from hopsmgr_agent import __version__
+from hopsmgr_agent.config import AgentConfig, load_agent_config
+
+log = structlog.get_logger("hopsmgr.agent")
+LOG_TAIL_BYTES = 4000
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.epoch = 0
+        self.interval_s = 5.0
+        self.stopping: set[str] = set()
+        self.beats = 0
+
+    def devices(self) -> dict[str, Any]:
+        c = self.config
+        if c.devices == "emulated":
+            calibration = {"compute_factor": c.speed, "memory_factor": c.speed, "data_factor": 1.0}
+            return {
+                "gpu_type": c.gpu_type,
+                "gpus": c.count,
+                "device_mode": "emulated",
+                "calibration": calibration,
+                "calibration_source": "emulated",
+            }
+        raise ConfigError(
+            "agent", "devices", c.devices, "NVML discovery is not available in this build; use emulated"
+        )
+
+    def report(self) -> dict[str, Any]:
+        """This beat's message: identity, devices, and what the node's attempt records say."""
+        records = ops.status(self.config.workdir)["attempts"]
+        running: list[dict[str, Any]] = []
+        finished: list[dict[str, Any]] = []
+        for rec in records:
+            if rec.get("job") is None:
+                continue
+            if rec["state"] == "running":
+                running.append({"attempt": rec["attempt"], "job": rec["job"], "progress": _progress(rec)})
+                continue
+            exit_rec = rec.get("exit") or {}
+            try:
+                tail = ops.logs(self.config.workdir, rec["attempt"], LOG_TAIL_BYTES)["log"]
+            except WrapperError:
+                tail = ""
+            finished.append(
+                {
+                    "attempt": rec["attempt"],
+                    "job": rec["job"],
+                    "code": exit_rec.get("code"),
+                    "signal": exit_rec.get("signal"),
+                    "checkpointed": bool(exit_rec.get("checkpointed", False)),
+                    "profile": _numbers(rec.get("profile")),
+                    "progress": _progress(rec),
+                    "log_tail": tail,
+                }
+            )
+        return {
+            "protocol": PROTOCOL_VERSION,
+            "node": self.config.node,
+            "agent_version": __version__,
+            "epoch_seen": self.epoch,
+            "workdir": self.config.workdir,
+            **self.devices(),
+            "running": running,
+            "finished": finished,
+        }
+
+    async def apply(self, reply: HeartbeatReply) -> None:
+        if reply.epoch < self.epoch:
+            log.warning("stale_master_reply", epoch=reply.epoch, seen=self.epoch)
+            return
+        self.epoch = reply.epoch
+        self.interval_s = reply.interval_s
+        for attempt in reply.ack:
+            with contextlib.suppress(WrapperError):
+                ops.forget(self.config.workdir, attempt)
+        for attempt in reply.stop:
+            if attempt not in self.stopping:
+                self.stopping.add(attempt)
+                asyncio.get_running_loop().create_task(self._reap(attempt))
+
+    async def _reap(self, attempt: str) -> None:
+        try:
+            await asyncio.to_thread(ops.stop, self.config.workdir, attempt, self.epoch, grace=10.0)
+            log.info("reaped", attempt_id=attempt, node=self.config.node)
+        except WrapperError as exc:
+            log.warning("reap_failed", attempt_id=attempt, error=str(exc))
+        finally:
+            self.stopping.discard(attempt)
+
+    async def beat(self, session: aiohttp.ClientSession) -> None:
+        body = await asyncio.to_thread(self.report)
+        url = f"{self.config.master}/api/v1/agents/heartbeat"
+        headers = {"Authorization": f"Bearer {self.config.token}"}
+        async with session.post(url, json=body, headers=headers) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status != 200:
+                error = data.get("error", {}) if isinstance(data, dict) else {}
+                raise RefusedError(resp.status, str(error.get("message", data)))
+        await self.apply(parse_heartbeat_reply(data))
+        self.beats += 1
+
+    async def run(self, stop: asyncio.Event) -> None:
+        ssl_ctx: ssl.SSLContext | bool = True
+        if self.config.tls_ca:
+            ssl_ctx = ssl.create_default_context(cafile=self.config.tls_ca)
+        backoff = 1.0
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(
+            timeout=timeout, connector=aiohttp.TCPConnector(ssl=ssl_ctx)
+        ) as session:
+            while not stop.is_set():
+                try:
+                    await self.beat(session)
+                    backoff = 1.0
+                    delay = self.interval_s
+                except RefusedError as exc:
+                    log.error(
+                        "heartbeat_refused", status=exc.status, message=exc.message, node=self.config.node
+                    )
+                    delay = backoff = min(backoff * 2, 30.0)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, WireError, ValueError) as exc:
+                    log.warning("heartbeat_failed", error=repr(exc), node=self.config.node, retry_s=backoff)
+                    delay = backoff
+                    backoff = min(backoff * 2, 30.0)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay * random.uniform(0.9, 1.1))
+
+
+class RefusedError(RuntimeError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _numbers(value: Any) -> dict[str, float] | None:
+    if not isinstance(value, dict):
+        return None
+    return {k: float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _progress(rec: dict[str, Any]) -> dict[str, Any] | None:
+    p = rec.get("progress")
+    if not isinstance(p, dict):
+        return None
+    keys = ("iteration", "samples", "samples_per_s", "td_s", "tw_s", "time", "mode")
+    return {k: p[k] for k in keys if k in p}
+
+
+async def _amain(config: AgentConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "agent_started",
+        node=config.node,
+        master=config.master,
+        devices=config.devices,
+        emulated=config.devices == "emulated",
+    )
+    await Agent(config).run(stop)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hopsmgr-agent", description="hopsmgr node agent")
+    parser.add_argument("--config", required=True, help="agent TOML file")
+    parser.add_argument("--json-logs", action="store_true", default=None)
+    args = parser.parse_args(argv)
+    configure_logging(args.json_logs)
+    try:
+        config = load_agent_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    asyncio.run(_amain(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""A small synchronous client of the master's REST API (docs/api.md), standard library only.
+
+`ApiClient.get`/`ApiClient.post` return the decoded JSON answer or raise `ApiError` built from the
+master's `{"error": {"status", "field", "message"}}` body; a master that cannot be reached raises
+`MasterUnreachable` (an `ApiError` with status 0). `resolve_connection` picks the URL and token:
+flags, else the environment (HOPSMGR_URL, HOPSMGR_TOKEN), else the client TOML (`--client-config`,
+default `~/.config/hopsmgr/client.toml`, keys `url` and `token` or `token_file`), else the default URL
+http://127.0.0.1:8470; without a token anywhere it raises `ClientConfigError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+DEFAULT_CLIENT_CONFIG = Path("~/.config/hopsmgr/client.toml")
+URL_ENV = "HOPSMGR_URL"
+TOKEN_ENV = "HOPSMGR_TOKEN"
+CLIENT_KEYS = ("url", "token", "token_file")
+NO_TOKEN = "no API token: pass --token, set HOPSMGR_TOKEN or write token in client.toml"
+
+Params = Mapping[str, "str | int | float | Sequence[str] | None"]
+
+
+class ApiError(Exception):
+    """An error answer of the master (status >= 400), or no answer at all (status 0)."""
+
+    def __init__(self, status: int, field: str | None, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        if self.field and not self.message.startswith(f"{self.field}:"):
+            return f"{self.field}: {self.message}"
+        return self.message
+
+
+class MasterUnreachable(ApiError):
+    """The master could not be reached (connection refused, DNS failure, timeout)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, None, message)
+
+
+class ClientConfigError(ValueError):
+    """Bad or missing client settings (URL, token, client.toml): a usage error, exit status 2."""
+
+
+class ApiClient:
+    """Talks JSON to one master with one bearer token."""
+
+    def __init__(self, url: str, token: str | None, timeout: float = 30) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def get(self, path: str, params: Params | None = None) -> Any:
+        return self._request("GET", path, params, None)
+
+    def post(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
+        return self._request("POST", path, None, {} if body is None else dict(body))
+
+    def _request(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:
+        url = self.url + path
+        query = _query(params)
+        if query:
+            url += "?" + query
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+                raw = answer.read()
+        except urllib.error.HTTPError as exc:
+            raw_error = exc.read()
+            exc.close()
+            raise _error_from(exc.code, exc.reason, raw_error) from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, TimeoutError):
+                raise MasterUnreachable(
+                    f"no answer from the master at {self.url} within {self.timeout:g} s"
+                ) from None
+            raise MasterUnreachable(f"cannot reach the master at {self.url}: {_reason(reason)}") from None
+        except TimeoutError:
+            raise MasterUnreachable(
+                f"no answer from the master at {self.url} within {self.timeout:g} s"
+            ) from None
+        except (ConnectionError, OSError) as exc:
+            raise MasterUnreachable(f"cannot reach the master at {self.url}: {_reason(exc)}") from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ApiError(
+                0, None, f"the master at {self.url} answered {method} {path} with non-JSON"
+            ) from None
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason)
+
+
+def _query(params: Params | None) -> str:
+    if not params:
+        return ""
+    pairs: list[tuple[str, str]] = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, (list, tuple)):
+            pairs.extend((key, str(v)) for v in value)
+        else:
+            pairs.append((key, str(value)))
+    return urllib.parse.urlencode(pairs)
+
+
+def _error_from(status: int, reason: str, raw: bytes) -> ApiError:
+    try:
+        doc = json.loads(raw)
+        error = doc["error"]
+        field = error.get("field")
+        message = str(error["message"])
+        return ApiError(int(error.get("status", status)), None if field is None else str(field), message)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        text = raw.decode("utf-8", "replace").strip()
+        detail = f": {text[:200]}" if text else ""
+        return ApiError(status, None, f"HTTP {status} {reason}{detail}")
+
+
+@dataclass(frozen=True)
+class Connection:
+    url: str
+    token: str
+
+
+def load_client_config(path: Path) -> dict[str, str]:
+    """The client TOML's keys (`url`, `token`, `token_file`); a relative token_file is taken from the file's folder."""
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise ClientConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ClientConfigError(f"{path}: not valid TOML: {exc}") from None
+    out: dict[str, str] = {}
+    for key, value in doc.items():
+        if key not in CLIENT_KEYS:
+            raise ClientConfigError(f"{path}: {key}: unknown key (known: {', '.join(CLIENT_KEYS)})")
+        if not isinstance(value, str) or not value.strip():
+            raise ClientConfigError(f"{path}: {key}: must be a non-empty string (got {value!r})")
+        out[key] = value.strip()
+    if "token_file" in out:
+        token_path = Path(out["token_file"]).expanduser()
+        if not token_path.is_absolute():
+            token_path = path.parent / token_path
+        out["token_file"] = str(token_path)
+    return out
+
+
+def _check_url(url: str, source: str) -> str:
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ClientConfigError(f"{source}: expected an http:// or https:// URL, got {url!r}")
+    return url
+
+
+def _read_token_file(path: str, source: str) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ClientConfigError(f"{source}: cannot read token file {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ClientConfigError(f"{source}: token file {path} is empty")
+    return token
+
+
+def resolve_connection(
+    url: str | None,
+    token: str | None,
+    client_config: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> Connection:
+    """URL and token from flags, else environment, else the client TOML, else the default URL.
+
+    An explicitly named client config must exist; the default one is read only if present.
+    """
+    env = os.environ if environ is None else environ
+    if client_config is not None:
+        config_path = Path(client_config).expanduser()
+        file_values = load_client_config(config_path)
+        config_source = f"--client-config {client_config}"
+    else:
+        config_path = DEFAULT_CLIENT_CONFIG.expanduser()
+        file_values = load_client_config(config_path) if config_path.is_file() else {}
+        config_source = str(config_path)
+
+    if url:
+        chosen_url = _check_url(url, "argument --url")
+    elif env.get(URL_ENV):
+        chosen_url = _check_url(env[URL_ENV], URL_ENV)
+    elif "url" in file_values:
+        chosen_url = _check_url(file_values["url"], f"{config_path}: url")
+    else:
+        chosen_url = DEFAULT_URL
+
+    if token:
+        chosen_token = token.strip()
+    elif env.get(TOKEN_ENV, "").strip():
+        chosen_token = env[TOKEN_ENV].strip()
+    elif "token" in file_values:
+        chosen_token = file_values["token"]
+    elif "token_file" in file_values:
+        chosen_token = _read_token_file(file_values["token_file"], config_source)
+    else:
+        raise ClientConfigError(NO_TOKEN)
+    return Connection(chosen_url, chosen_token)

@@ -1,0 +1,453 @@
+"""The `hopsmgr` commands that talk to a running master (submit, queue, show, cancel, logs, explain,
+nodes, drain, undrain, quota, cluster, token create), each a thin client of the REST API (docs/api.md).
+
+`register(subparsers)` adds them to the CLI's parser. Every command takes `--url`, `--token`,
+`--client-config` and `--json` (print the API's JSON instead of a table). Exit status: 0 ok, 1 the
+master refused the request or could not be reached ("error: <field>: <message>" on stderr), 2 bad
+command-line input (nothing is sent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hopsmgr.cli import render
+from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import ModelError, RequirementSet
+
+API = "/api/v1"
+DEFAULT_RNUM = 4
+FOLLOW_INTERVAL_S = 1.0
+ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+GPUS_FORMS = "N, N,N,... or LOW-HIGH"
+
+Command = Callable[[argparse.Namespace, ApiClient], int]
+
+
+class UsageError(Exception):
+    """Bad command-line input found after parsing (exit status 2, nothing sent)."""
+
+
+# ----------------------------------------------------------------------------- argument types
+
+
+@dataclass(frozen=True)
+class GpusArg:
+    """A parsed `--gpus`: explicit counts, or a range LOW-HIGH expanded later with `--rnum`."""
+
+    text: str
+    counts: tuple[int, ...] = ()
+    span: tuple[int, int] | None = None
+
+
+def parse_gpus(text: str) -> GpusArg:
+    """`--gpus`: "4" or "1,2,4" -> the counts; "2-8" -> the range (2, 8)."""
+    value = text.strip()
+    if re.fullmatch(r"\d+-\d+", value):
+        low, high = (int(x) for x in value.split("-"))
+        if low <= 0:
+            raise argparse.ArgumentTypeError(f"a GPU count must be a positive integer, got {text!r}")
+        if high < low:
+            raise argparse.ArgumentTypeError(f"range LOW-HIGH needs LOW <= HIGH, got {text!r}")
+        return GpusArg(text, span=(low, high))
+    items = value.split(",")
+    if any(not item.strip() for item in items):
+        raise argparse.ArgumentTypeError(f"empty GPU count in {text!r} (expected {GPUS_FORMS})")
+    counts: list[int] = []
+    for item in items:
+        if not item.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected {GPUS_FORMS} with positive integers, got {text!r}")
+        count = int(item)
+        if count <= 0:
+            raise argparse.ArgumentTypeError(f"every GPU count must be a positive integer, got {text!r}")
+        counts.append(count)
+    return GpusArg(text, counts=tuple(sorted(set(counts))))
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> int | float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    if not ENV_KEY.match(key):
+        raise argparse.ArgumentTypeError(f"KEY must match [A-Za-z_][A-Za-z0-9_]*, got {text!r}")
+    return key, value
+
+
+def _absolute_dir(text: str) -> str:
+    if not text.startswith("/"):
+        raise argparse.ArgumentTypeError(f"expected an absolute path on the node, got {text!r}")
+    return text
+
+
+def _state(text: str) -> str:
+    value = text.strip().upper()
+    if value not in JobState.__members__:
+        known = ", ".join(JobState.__members__)
+        raise argparse.ArgumentTypeError(f"unknown state {text!r} (known: {known})")
+    return value
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _job_path(job: str, suffix: str = "") -> str:
+    return f"{API}/jobs/{urllib.parse.quote(job, safe='')}{suffix}"
+
+
+def _node_path(node: str, suffix: str = "") -> str:
+    return f"{API}/nodes/{urllib.parse.quote(node, safe='')}{suffix}"
+
+
+def _print_json(doc: Any) -> None:
+    print(json.dumps(doc, indent=2))
+
+
+def _emit(args: argparse.Namespace, doc: Any, text: Callable[[Any], str]) -> int:
+    if args.json:
+        _print_json(doc)
+    else:
+        print(text(doc))
+    return 0
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def submit_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /jobs body from parsed `submit` arguments; raises UsageError on bad combinations."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError(
+            "argument command: missing the command to run, give it after --, e.g. -- python train.py"
+        )
+    spec: GpusArg = args.gpus
+    if spec.span is None:
+        if args.rnum is not None:
+            raise UsageError(
+                f"argument --rnum: applies only to a range --gpus LOW-HIGH, got --gpus {spec.text} --rnum {args.rnum}"
+            )
+        counts = list(spec.counts)
+    else:
+        try:
+            counts = list(RequirementSet.span(*spec.span, args.rnum or DEFAULT_RNUM).counts)
+        except ModelError as exc:
+            raise UsageError(f"argument --gpus: {exc} (got {spec.text!r})") from None
+    body: dict[str, Any] = {"command": command, "gpus": counts, "batch_size": args.batch_size}
+    if args.iters is not None:
+        body["iterations"] = args.iters
+    else:
+        body["samples"] = args.samples
+    for key, value in (
+        ("name", args.name),
+        ("tenant", args.tenant),
+        ("params", args.params),
+        ("workdir", args.workdir),
+        ("launcher", args.launcher),
+    ):
+        if value is not None:
+            body[key] = value
+    if args.env:
+        body["env"] = dict(args.env)
+    return body
+
+
+def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
+    doc = client.post(f"{API}/jobs", submit_body(args))
+    return _emit(args, doc, lambda d: str(d.get("id")))
+
+
+def cmd_queue(args: argparse.Namespace, client: ApiClient) -> int:
+    states: list[str] | None = None if args.all else (args.state or list(render.ACTIVE_STATES))
+    doc = client.get(f"{API}/jobs", {"tenant": args.tenant, "state": states})
+    return _emit(args, doc, lambda d: render.queue_table(d.get("jobs") or []))
+
+
+def cmd_show(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.get(_job_path(args.job)), render.job_detail)
+
+
+def cmd_cancel(args: argparse.Namespace, client: ApiClient) -> int:
+    doc = client.post(_job_path(args.job, "/cancel"))
+    return _emit(args, doc, lambda d: f"{d.get('id', args.job)}: {d.get('state', '-')}")
+
+
+def cmd_explain(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.get(_job_path(args.job, "/explain")), render.explain_text)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def _tail(text: str, tail: int | None) -> str:
+    if tail is None:
+        return text
+    data = text.encode("utf-8")
+    return data[-tail:].decode("utf-8", "ignore") if len(data) > tail else text
+
+
+def follow_logs(args: argparse.Namespace, client: ApiClient) -> int:
+    """Poll every FOLLOW_INTERVAL_S, printing only new output, until the job ends (Ctrl-C exits 0).
+
+    The API has no offset parameter, so each poll reads the latest attempt's whole log and prints what
+    follows the part already shown; a new attempt starts over (announced on stderr).
+    """
+    shown_attempt: Any = None
+    shown = 0
+    first = True
+    try:
+        while True:
+            state = client.get(_job_path(args.job)).get("state")
+            try:
+                doc = client.get(_job_path(args.job, "/logs"))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                doc = {"id": args.job, "attempt": None, "log": ""}
+            log = doc.get("log") or ""
+            attempt = doc.get("attempt")
+            if first:
+                new = _tail(log, args.tail)
+            elif attempt != shown_attempt or len(log) < shown:
+                print(f"--- {args.job}: attempt {attempt} ---", file=sys.stderr)
+                new = log
+            else:
+                new = log[shown:]
+            first = False
+            shown_attempt, shown = attempt, len(log)
+            if new:
+                if args.json:
+                    print(json.dumps({"id": doc.get("id", args.job), "attempt": attempt, "log": new}))
+                    sys.stdout.flush()
+                else:
+                    _write(new)
+            if state in render.TERMINAL_STATES:
+                return 0
+            time.sleep(FOLLOW_INTERVAL_S)
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_logs(args: argparse.Namespace, client: ApiClient) -> int:
+    if args.follow:
+        return follow_logs(args, client)
+    doc = client.get(_job_path(args.job, "/logs"), {"tail": args.tail})
+    if args.json:
+        _print_json(doc)
+    else:
+        _write(doc.get("log") or "")
+    return 0
+
+
+def cmd_nodes(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.get(f"{API}/nodes"), lambda d: render.nodes_table(d.get("nodes") or []))
+
+
+def _drain_text(doc: dict[str, Any]) -> str:
+    return f"{doc.get('id')}: {'drained' if doc.get('drained') else 'not drained'}"
+
+
+def cmd_drain(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.post(_node_path(args.node, "/drain")), _drain_text)
+
+
+def cmd_undrain(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.post(_node_path(args.node, "/undrain")), _drain_text)
+
+
+def cmd_quota(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.get(f"{API}/tenants"), lambda d: render.tenants_table(d.get("tenants") or []))
+
+
+def cmd_cluster(args: argparse.Namespace, client: ApiClient) -> int:
+    return _emit(args, client.get(f"{API}/cluster"), render.cluster_text)
+
+
+def cmd_token_create(args: argparse.Namespace, client: ApiClient) -> int:
+    body = {"user": args.user, "tenant": args.tenant, "admin": args.admin}
+    return _emit(args, client.post(f"{API}/tokens", body), lambda d: str(d.get("token")))
+
+
+# ----------------------------------------------------------------------------- wiring
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Resolve the connection, run the command, and map failures to exit statuses 1 and 2."""
+    parser: argparse.ArgumentParser = args.api_parser
+    try:
+        if args.api_check is not None:
+            args.api_check(args)  # local validation before anything else, so nothing is sent
+        conn = resolve_connection(args.url, args.token, args.client_config)
+        return args.api_func(args, ApiClient(conn.url, conn.token))
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ClientConfigError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except ApiError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 0
+
+
+def _common_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection")
+    group.add_argument(
+        "--url", help="the master's URL (else $HOPSMGR_URL, client.toml, http://127.0.0.1:8470)"
+    )
+    group.add_argument("--token", help="API token (else $HOPSMGR_TOKEN, client.toml token or token_file)")
+    group.add_argument(
+        "--client-config",
+        metavar="FILE",
+        help="client TOML with url and token or token_file (default ~/.config/hopsmgr/client.toml)",
+    )
+    group.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    return common
+
+
+def _add(
+    sub: Any,
+    name: str,
+    func: Command,
+    help_text: str,
+    common: argparse.ArgumentParser,
+    check: Callable[[argparse.Namespace], object] | None = None,
+    **kw: Any,
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help_text, parents=[common], **kw)
+    parser.set_defaults(func=run_command, api_func=func, api_parser=parser, api_check=check)
+    return parser
+
+
+def register(subparsers: Any) -> None:
+    """Add the master's commands to the `hopsmgr` parser's subparsers."""
+    common = _common_options()
+
+    submit = _add(
+        subparsers,
+        "submit",
+        cmd_submit,
+        "submit a job; prints its id",
+        common,
+        check=submit_body,
+        usage="%(prog)s --gpus SPEC --batch-size B (--iters N | --samples N) [options] -- CMD [ARGS ...]",
+        description="Submit a job. The command after -- runs as an argv list (never through a shell).",
+    )
+    submit.add_argument(
+        "--gpus",
+        required=True,
+        type=parse_gpus,
+        metavar="SPEC",
+        help="GPU counts the job accepts: 4, or a list 1,2,4, or a range 2-8 expanded to --rnum counts",
+    )
+    submit.add_argument(
+        "--rnum",
+        type=_positive_int,
+        metavar="N",
+        help=f"how many counts a range --gpus LOW-HIGH expands to, at equal steps (default {DEFAULT_RNUM})",
+    )
+    submit.add_argument(
+        "--batch-size",
+        required=True,
+        type=_positive_int,
+        metavar="B",
+        help="samples per iteration at the smallest count",
+    )
+    work = submit.add_mutually_exclusive_group(required=True)
+    work.add_argument(
+        "--iters", type=_positive_number, metavar="N", help="iterations at the smallest GPU count"
+    )
+    work.add_argument("--samples", type=_positive_number, metavar="N", help="total samples of work")
+    submit.add_argument("--tenant", help="tenant (default: the token's)")
+    submit.add_argument("--name", help="label (default: the command's basename)")
+    submit.add_argument("--params", type=_positive_number, metavar="P", help="model parameters (e.g. 25e6)")
+    submit.add_argument(
+        "--workdir", type=_absolute_dir, metavar="DIR", help="absolute working directory on the node"
+    )
+    submit.add_argument(
+        "--env",
+        type=_env_pair,
+        action="append",
+        metavar="KEY=VALUE",
+        help="environment variable (repeatable)",
+    )
+    submit.add_argument("--launcher", choices=["plain", "torchrun"], help="default plain")
+    submit.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
+
+    queue = _add(subparsers, "queue", cmd_queue, "list jobs in queue order", common)
+    queue.add_argument("--tenant", help="only this tenant's jobs")
+    which = queue.add_mutually_exclusive_group()
+    which.add_argument(
+        "--state",
+        type=_state,
+        action="append",
+        help="only jobs in this state (repeatable; default: all but COMPLETED, FAILED, CANCELLED)",
+    )
+    which.add_argument("--all", action="store_true", help="jobs in every state, finished ones too")
+
+    for name, func, help_text in (
+        ("show", cmd_show, "a job's details, history and attempts"),
+        ("cancel", cmd_cancel, "cancel a job (a running attempt is stopped)"),
+        ("explain", cmd_explain, "why a job waits, or runs where it does"),
+    ):
+        _add(subparsers, name, func, help_text, common).add_argument("job", help="job id, e.g. j-000001")
+
+    logs = _add(subparsers, "logs", cmd_logs, "the output of a job's latest attempt", common)
+    logs.add_argument("job", help="job id")
+    logs.add_argument("--tail", type=_positive_int, metavar="BYTES", help="only the last BYTES bytes")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
+    )
+
+    _add(subparsers, "nodes", cmd_nodes, "list the nodes", common)
+    for name, func, help_text in (
+        ("drain", cmd_drain, "stop placing jobs on a node (admin)"),
+        ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),
+    ):
+        _add(subparsers, name, func, help_text, common).add_argument("node", help="node id")
+    _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps and use", common)
+    _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
+
+    token = subparsers.add_parser("token", help="API tokens (admin)")
+    token_sub = token.add_subparsers(dest="token_command", required=True)
+    create = _add(token_sub, "create", cmd_token_create, "create a token; prints it (shown once)", common)
+    create.add_argument("--user", required=True)
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--admin", action="store_true", help="an admin token")

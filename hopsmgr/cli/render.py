@@ -1,0 +1,326 @@
+"""Plain-text rendering of the master's API answers: aligned tables and `key: value` blocks.
+
+Every function takes the decoded JSON of one answer (docs/api.md) and returns the text to print, without
+a trailing newline. Missing or null values print as "-"; unknown extra keys are ignored by the tables.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+ACTIVE_STATES = ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING")
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+DASH = "-"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "") -> str:
+    """Columns left-aligned and separated by two spaces; trailing spaces stripped."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = []
+    for row in (headers, *rows):
+        line = "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row))
+        lines.append(indent + line.rstrip())
+    return "\n".join(lines)
+
+
+def duration(seconds: float | None) -> str:
+    """A short human duration: 45s, 3m20s, 1h05m, 2d03h; "-" for null."""
+    if seconds is None:
+        return DASH
+    s = max(0, round(float(seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def timestamp(value: float | None) -> str:
+    """Unix seconds as ISO 8601 local time to the second; "-" for null."""
+    if value is None:
+        return DASH
+    return datetime.fromtimestamp(float(value)).astimezone().isoformat(timespec="seconds")
+
+
+def number(value: Any, digits: int = 2) -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def yes_no(value: Any) -> str:
+    if value is None:
+        return DASH
+    return "yes" if value else "no"
+
+
+def percent(fraction: float | None) -> str:
+    if fraction is None:
+        return DASH
+    return f"{float(fraction) * 100:.0f}%"
+
+
+def gpus(counts: Sequence[int] | None) -> str:
+    """A requirement set: "4" or "1,2,4"."""
+    if not counts:
+        return DASH
+    return ",".join(str(c) for c in counts)
+
+
+def placement(value: Mapping[str, int] | None) -> str:
+    """{"node-a": 2, "node-b": 2} -> "node-a:2,node-b:2"."""
+    if not value:
+        return DASH
+    return ",".join(f"{node}:{count}" for node, count in value.items())
+
+
+def value_text(value: Any) -> str:
+    """Any JSON value on one line: objects as k=v pairs, lists comma-joined, null as "-"."""
+    if value is None:
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, Mapping):
+        return ", ".join(f"{k}={value_text(v)}" for k, v in value.items()) or DASH
+    if isinstance(value, (list, tuple)):
+        return ",".join(value_text(v) for v in value) or DASH
+    return str(value)
+
+
+def key_values(pairs: Sequence[tuple[str, str]], indent: str = "") -> str:
+    width = max((len(k) for k, _ in pairs), default=0) + 1
+    return "\n".join(f"{indent}{(k + ':').ljust(width)} {v}".rstrip() for k, v in pairs)
+
+
+def _queue_key(job: Mapping[str, Any]) -> tuple[int, float, float]:
+    position = job.get("position")
+    submitted = job.get("submitted") or 0.0
+    if position is None:
+        return (1, 0.0, float(submitted))
+    return (0, float(position), float(submitted))
+
+
+def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
+    """The queue: jobs with a queue position first (1 = next), then the others oldest first."""
+    headers = ("POS", "ID", "NAME", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "PROGRESS")
+    rows = [
+        (
+            number(job.get("position")),
+            str(job.get("id", DASH)),
+            str(job.get("name") or DASH),
+            str(job.get("tenant") or DASH),
+            str(job.get("state", DASH)),
+            gpus(job.get("gpus")),
+            placement(job.get("placement")),
+            number(job.get("latency_ratio"), 2),
+            duration(job.get("est_wait_s")),
+            percent(job.get("progress")),
+        )
+        for job in sorted(jobs, key=_queue_key)
+    ]
+    return table(headers, rows)
+
+
+def job_detail(job: Mapping[str, Any]) -> str:
+    """`show`: the summary, the history (oldest first) and the attempts."""
+    command = job.get("command")
+    total, done = job.get("total_samples"), job.get("done_samples")
+    env = job.get("env") or {}
+    attempts = job.get("attempts")
+    # The detail's `attempts` is the list of attempts; the plain summary's is their count.
+    count = len(attempts) if isinstance(attempts, list) else attempts
+    pairs = [
+        ("id", str(job.get("id", DASH))),
+        ("name", str(job.get("name") or DASH)),
+        ("tenant", str(job.get("tenant") or DASH)),
+        ("user", str(job.get("user") or DASH)),
+        ("state", str(job.get("state", DASH))),
+        ("reason", str(job.get("reason") or DASH)),
+        ("gpus", gpus(job.get("gpus"))),
+        ("placement", placement(job.get("placement"))),
+        ("submitted", timestamp(job.get("submitted"))),
+        ("position", number(job.get("position"))),
+        ("priority", number(job.get("priority"), 2)),
+        ("latency ratio", number(job.get("latency_ratio"), 2)),
+        ("est. wait", duration(job.get("est_wait_s"))),
+        ("progress", percent(job.get("progress"))),
+        ("samples", f"{value_text(done)} of {value_text(total)}"),
+        ("batch size", number(job.get("batch_size"))),
+        ("attempts", f"{number(count)} ({number(job.get('restarts'))} restarts)"),
+        ("command", shlex.join(command) if isinstance(command, list) else DASH),
+        ("workdir", str(job.get("workdir") or DASH)),
+        ("launcher", str(job.get("launcher") or DASH)),
+        ("env", " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()) or DASH),
+    ]
+    parts = [key_values(pairs)]
+    history = job.get("history") or []
+    parts.append("\nhistory:")
+    if history:
+        events = [
+            (
+                timestamp(h.get("time")),
+                str(h.get("kind") or DASH),
+                str(h.get("state") or DASH),
+                str(h.get("message") or ""),
+            )
+            for h in history
+        ]
+        parts.append(table(("TIME", "KIND", "STATE", "MESSAGE"), events, indent="  "))
+    else:
+        parts.append("  (none)")
+    parts.append("\nattempts:")
+    if isinstance(attempts, list) and attempts:
+        rows = [
+            (
+                str(a.get("id", DASH)),
+                placement(a.get("placement")),
+                yes_no(a.get("profiling")),
+                timestamp(a.get("started")),
+                timestamp(a.get("ended")),
+                str(a.get("end_reason") or DASH),
+                number(a.get("exit_code")),
+            )
+            for a in attempts
+        ]
+        headers = ("ID", "PLACEMENT", "PROFILING", "STARTED", "ENDED", "END REASON", "EXIT")
+        parts.append(table(headers, rows, indent="  "))
+    else:
+        parts.append("  (none)")
+    return "\n".join(parts)
+
+
+def explain_text(doc: Mapping[str, Any]) -> str:
+    """`explain`: why a job waits or runs where it does."""
+    window = doc.get("window")
+    in_window = doc.get("in_window")
+    membership = DASH if in_window is None else ("in the service window" if in_window else "outside it")
+    if window is not None:
+        membership += f" (window: {value_text(window)})"
+    quota = doc.get("quota") or {}
+    quota_line = DASH
+    if quota:
+        quota_line = (
+            f"tenant {quota.get('tenant', DASH)}: uses {number(quota.get('used_gpus'))} GPUs, "
+            f"guaranteed {number(quota.get('guaranteed_gpus'))}, cap {number(quota.get('cap_gpus'))}, "
+            f"borrowed {number(quota.get('borrowed_gpus'))}"
+        )
+    last = doc.get("round") or {}
+    round_line = DASH
+    if last:
+        proven = last.get("proven")
+        proof = "" if proven is None else (", proven optimal" if proven else ", not proven optimal")
+        round_line = (
+            f"{timestamp(last.get('time'))} ({last.get('kind', DASH)}, {last.get('method', DASH)}{proof})"
+        )
+    pairs = [
+        ("state", str(doc.get("state", DASH))),
+        ("queue position", number(doc.get("position"))),
+        ("priority", number(doc.get("priority"), 2)),
+        ("latency ratio", number(doc.get("latency_ratio"), 2)),
+        ("window", membership),
+        ("sensitivity", number(doc.get("sensitivity"), 2)),
+        ("may span", yes_no(doc.get("may_span"))),
+        ("quota", quota_line),
+        ("unplaceable", value_text(doc.get("unplaceable"))),
+        ("last round", round_line),
+    ]
+    parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]
+    candidates = doc.get("candidates") or []
+    chosen = doc.get("chosen")
+    parts.append("  candidates:")
+    if candidates:
+        rows = [
+            (
+                "*" if chosen is not None and c.get("config") == chosen else "",
+                value_text(c.get("config")),
+                number(c.get("rate"), 2),
+                number(c.get("value"), 3),
+            )
+            for c in candidates
+        ]
+        parts.append(table(("", "CONFIG", "RATE", "VALUE"), rows, indent="    "))
+    else:
+        parts.append("    (none)")
+    return "\n".join(parts)
+
+
+def calibration(value: Mapping[str, Any] | None) -> str:
+    if not value or value.get("compute_factor") is None:
+        return DASH
+    text = number(value.get("compute_factor"), 2)
+    return f"{text} ({value['source']})" if value.get("source") else text
+
+
+def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
+    headers = ("ID", "TYPE", "GPUS", "FREE", "HEALTH", "DRAINED", "EMULATED", "CALIBRATION", "RUNNING")
+    rows = []
+    for node in nodes:
+        running = list(dict.fromkeys(str(r.get("job")) for r in node.get("running") or []))
+        rows.append(
+            (
+                str(node.get("id", DASH)),
+                str(node.get("gpu_type") or DASH),
+                number(node.get("gpus")),
+                number(node.get("free_gpus")),
+                str(node.get("health") or DASH),
+                yes_no(node.get("drained")),
+                yes_no(node.get("emulated")),
+                calibration(node.get("calibration")),
+                ",".join(running) or DASH,
+            )
+        )
+    return table(headers, rows)
+
+
+def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:
+    headers = ("TENANT", "GUARANTEED", "CAP", "WEIGHT", "USED", "BORROWED", "QUEUED", "RUNNING")
+    rows = [
+        (
+            str(t.get("name", DASH)),
+            number(t.get("guaranteed_gpus")),
+            number(t.get("cap_gpus")),
+            value_text(t.get("weight")),
+            number(t.get("used_gpus")),
+            number(t.get("borrowed_gpus")),
+            number(t.get("queued")),
+            number(t.get("running")),
+        )
+        for t in tenants
+    ]
+    return table(headers, rows)
+
+
+CLUSTER_KEYS = ("gpus", "gpus_by_type", "used_gpus", "idle_gpus", "pending", "queued", "running", "nodes")
+
+
+def cluster_text(doc: Mapping[str, Any]) -> str:
+    """`cluster`: one `key: value` line per field, the last round spelled out, unknown keys at the end."""
+    pairs = [(key, value_text(doc.get(key))) for key in CLUSTER_KEYS]
+    pairs.append(("raqlr", number(doc.get("raqlr"), 2)))
+    pairs.append(("epoch", value_text(doc.get("epoch"))))
+    last = doc.get("last_round")
+    if isinstance(last, Mapping) and last:
+        rest = {k: v for k, v in last.items() if k != "time"}
+        when = timestamp(last.get("time")) if "time" in last else ""
+        pairs.append(("last_round", " ".join(p for p in (when, value_text(rest) if rest else "") if p)))
+    else:
+        pairs.append(("last_round", DASH))
+    known = {*CLUSTER_KEYS, "raqlr", "epoch", "last_round"}
+    pairs.extend((k, value_text(v)) for k, v in doc.items() if k not in known)
+    return key_values(pairs)

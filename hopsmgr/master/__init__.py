@@ -1,0 +1,1 @@
+"""The master daemon: SQLite state, REST API, heartbeats, the round loop and the executors."""

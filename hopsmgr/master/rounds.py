@@ -1,0 +1,314 @@
+"""The round loop: snapshot -> plan (off the event loop) -> persist intended attempts -> act.
+
+Every `round_seconds` a first plan re-plans the whole usable cluster; between rounds, when GPUs free up
+or jobs arrive, a fragment plan places queued work on idle GPUs only (HOPS.md 6). Profiling runs for new
+jobs are chosen first, on idle GPUs (and, for a job that has waited a whole round, on GPUs the plan
+then takes back). Each action is written to the store before any command goes to a node: attempts are
+inserted with their ids and the jobs move to LAUNCHING / CHECKPOINTING in the same transaction. Stops run
+first; a launch waits for the stops that free its GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec
+from hopsmgr.core.planner import Plan, PlanKind, ProfilingRun, profiling_runs
+from hopsmgr.core.reconcile import CheckpointStop, Launch, ReconcileError, reconcile
+from hopsmgr.master.controller import Controller
+from hopsmgr.master.executor import ExecutorError, LaunchOrder
+from hopsmgr.master.state import AttemptRecord, build_snapshot
+from hopsmgr.policies.base import HopsPolicy, Policy
+
+log = structlog.get_logger("hopsmgr.master")
+_PROFILE_KEY = "~profile~"
+
+
+class RoundLoop:
+    def __init__(self, ctl: Controller, policy: Policy | None = None) -> None:
+        self.ctl = ctl
+        self.policy: Policy = policy or HopsPolicy(ctl.config.scheduler)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="planner")
+        self.lock = asyncio.Lock()
+        self.round_s: list[float] = []
+        self.solve_s: list[float] = []
+        self.rounds = 0
+        self.last: dict[str, Any] = {}
+
+    async def run(self) -> None:
+        """First plans every round_seconds; fragment plans when woken in between."""
+        interval = self.ctl.config.scheduler.round_seconds
+        next_first = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= next_first:
+                next_first = now + interval
+                await self.round("first")
+                continue
+            self.ctl.wake.clear()
+            try:
+                await asyncio.wait_for(self.ctl.wake.wait(), timeout=next_first - now)
+            except asyncio.TimeoutError:
+                continue
+            await asyncio.sleep(0.2)  # let a burst of events settle into one fragment plan
+            await self.round("fragment" if self.policy.fragment_plans else "first")
+
+    async def health(self) -> None:
+        while True:
+            self.ctl.check_health()
+            self.ctl.state.flush_progress()
+            await asyncio.sleep(min(1.0, self.ctl.settings.heartbeat_interval_s / 2))
+
+    async def round(self, kind: PlanKind) -> Plan:
+        async with self.lock:
+            return await self._round(kind)
+
+    async def _round(self, kind: PlanKind) -> Plan:
+        ctl = self.ctl
+        t0 = time.perf_counter()
+        now = ctl.clock()
+        snapshot, to_profile, _ = build_snapshot(ctl.state, now)
+        waited = {j.id for j in to_profile if now - j.submit_time >= ctl.config.scheduler.round_seconds}
+        ctl.deferred = []
+        try:
+            plan, runs = await asyncio.get_running_loop().run_in_executor(
+                self.pool, self._plan, snapshot, to_profile, waited, kind
+            )
+        finally:
+            deferred, ctl.deferred = ctl.deferred, None
+            for update in deferred:
+                update()
+        ctl.plans[kind] = plan
+        if kind == "first":
+            ctl.plans["fragment"] = plan
+        launches, stops = self._act(plan, runs, snapshot, kind)
+        queued = [j for j in plan.order if j in ctl.state.jobs and ctl.state.jobs[j].state == JobState.QUEUED]
+        ctl.positions = {j: i + 1 for i, j in enumerate(queued)}
+        elapsed = time.perf_counter() - t0
+        self.round_s.append(elapsed)
+        self.solve_s.append(plan.stats.total_s)
+        del self.round_s[:-1000], self.solve_s[:-1000]
+        self.rounds += 1
+        record = {
+            "time": now,
+            "kind": kind,
+            "duration_s": elapsed,
+            "solve_s": plan.stats.total_s,
+            "method": plan.stats.method,
+            "proven": int(plan.stats.proven),
+            "launches": launches,
+            "stops": stops,
+            "queued": sum(1 for j in ctl.state.jobs.values() if j.state == JobState.QUEUED),
+            "running": sum(1 for j in ctl.state.jobs.values() if j.state == JobState.RUNNING),
+            "idle_gpus": plan.idle_gpus,
+        }
+        self.last = record
+        if kind == "first" or launches or stops:
+            with ctl.store.transaction():
+                ctl.store.add_round(record)
+                if kind == "first":
+                    ctl.store.save_estimator(ctl.estimator.export_state(), now)
+        return plan
+
+    def _plan(
+        self, snapshot: ClusterSnapshot, to_profile: list[JobSpec], waited: set[str], kind: PlanKind
+    ) -> tuple[Plan, list[ProfilingRun]]:
+        """Runs in the planner thread on an immutable snapshot (estimator updates are held meanwhile)."""
+        est = self.ctl.estimator
+        held: dict[str, int] = {}
+        for view in snapshot.jobs:
+            for sid, g in view.current.parts if view.current else ():
+                held[sid] = held.get(sid, 0) + g
+        runs = profiling_runs(to_profile, snapshot, est, held)
+        if kind == "first":
+            starving = [j for j in to_profile if j.id in waited and not any(r.job_id == j.id for r in runs)]
+            taken: dict[str, int] = {}
+            for r in runs:
+                taken[r.server_id] = taken.get(r.server_id, 0) + 1
+            runs += profiling_runs(starving, snapshot, est, taken) if starving else []
+        profiled = {r.job_id for r in runs}
+        capacity = dict(snapshot.capacity)
+        for r in runs:
+            capacity[r.server_id] -= 1
+        views = tuple(v for v in snapshot.jobs if v.id not in profiled or v.current is not None)
+        reduced = replace(snapshot, capacity=capacity, jobs=views)
+        if not views:
+            return Plan(kind, snapshot.now, {}), runs
+        return self.policy.plan(reduced, est, kind, time.perf_counter), runs
+
+    def _act(
+        self, plan: Plan, runs: list[ProfilingRun], snapshot: ClusterSnapshot, kind: PlanKind
+    ) -> tuple[int, int]:
+        ctl = self.ctl
+        state = ctl.state
+        current: dict[str, Config] = {}
+        for job in state.jobs.values():
+            if job.attempt is not None and job.state in (JobState.RUNNING, JobState.LAUNCHING):
+                attempt = state.attempts[job.attempt]
+                if not attempt.stopping:
+                    current[job.id] = attempt.placement
+        wanted = (JobState.QUEUED, JobState.RUNNING, JobState.LAUNCHING)
+        desired = {
+            j: c
+            for j, c in plan.assignments.items()
+            if j in state.jobs and state.jobs[j].state in wanted and not state.jobs[j].profiling
+        }
+        if kind == "fragment":
+            desired = {**current, **{j: c for j, c in desired.items() if j not in current}}
+        for r in runs:
+            pending = state.jobs.get(r.job_id)
+            if (
+                pending is not None
+                and pending.state in (JobState.PENDING, JobState.QUEUED)
+                and r.job_id not in desired
+            ):
+                desired[f"{r.job_id}{_PROFILE_KEY}{r.gpu_type}"] = Config.single(r.server_id, 1)
+        capacity = dict(snapshot.capacity)
+        try:
+            actions = reconcile(
+                current, desired, capacity, frozenset(j.id for j in state.jobs.values() if j.has_checkpoint)
+            )
+        except ReconcileError as exc:  # state moved while planning: skip this plan, the next one repairs
+            log.warning("plan_skipped", error=str(exc))
+            return 0, 0
+        launches: list[tuple[Launch, AttemptRecord]] = []
+        stops: list[AttemptRecord] = []
+        now = ctl.clock()
+        with ctl.store.transaction():
+            for action in actions:
+                if isinstance(action, CheckpointStop):
+                    job = state.jobs[action.job_id]
+                    attempt = state.attempts[job.attempt or ""]
+                    attempt.stopping = True
+                    ctl.store.update_attempt(attempt.id, stopping=1)
+                    ctl.stop_done[job.id] = asyncio.Event()
+                    ctl.state.set_job_state(
+                        job,
+                        JobState.CHECKPOINTING,
+                        now,
+                        action.reason,
+                        f"checkpoint-and-stop of {attempt.id} on {attempt.placement}",
+                    )
+                    stops.append(attempt)
+                elif isinstance(action, Launch):
+                    launches.append((action, self._new_attempt(action, now)))
+        for attempt in stops:
+            ctl.spawn(ctl._stop_attempt(attempt, checkpoint=True, reason="preempted"))
+        for action, attempt in launches:
+            ctl.spawn(self._launch(action, attempt))
+        return len(launches), len(stops)
+
+    def _new_attempt(self, action: Launch, now: float) -> AttemptRecord:
+        ctl = self.ctl
+        profiling = _PROFILE_KEY in action.job_id
+        job_id = action.job_id.split(_PROFILE_KEY)[0]
+        job = ctl.state.jobs[job_id]
+        seq = ctl.store.next_seq("attempt")
+        used: dict[str, set[int]] = {}
+        for a in ctl.state.attempts.values():
+            for sid, devs in a.devices.items():
+                used.setdefault(sid, set()).update(devs)
+        devices: dict[str, list[int]] = {}
+        for sid, g in action.config.parts:
+            free = [d for d in range(ctl.state.nodes[sid].server.gpus) if d not in used.get(sid, set())]
+            devices[sid] = free[:g]
+        attempt = AttemptRecord(
+            id=f"a-{seq:06d}",
+            seq=seq,
+            job_id=job_id,
+            placement=action.config,
+            profiling=profiling,
+            epoch=ctl.epoch,
+            created=now,
+            devices=devices,
+            resume=action.resume,
+            base_samples=job.done_samples,
+        )
+        ctl.store.insert_attempt(attempt.to_row())
+        ctl.state.attempts[attempt.id] = attempt
+        if profiling:
+            job.profiling.add(attempt.id)
+            if job.state == JobState.PENDING:
+                ctl.state.set_job_state(
+                    job, JobState.PROFILING, now, "profiling", f"{attempt.id} on {action.config}"
+                )
+            else:
+                ctl.state.event(job, now, "profiling", f"{attempt.id} on {action.config}")
+        else:
+            job.attempt = attempt.id
+            ctl.state.set_job_state(
+                job, JobState.LAUNCHING, now, "launching", f"{attempt.id} on {action.config}"
+            )
+        return attempt
+
+    async def _launch(self, action: Launch, attempt: AttemptRecord) -> None:
+        ctl = self.ctl
+        for dep in action.after:
+            done = ctl.stop_done.get(dep)
+            if done is not None:
+                await done.wait()
+        job = ctl.state.jobs.get(attempt.job_id)
+        if job is None or attempt.id not in ctl.state.attempts:
+            if attempt.id in ctl.state.attempts:
+                ctl.end_attempt(attempt, reason="cancelled")
+            return
+        parts = attempt.placement.parts
+        try:
+            for rank, (node_id, gpus) in enumerate(parts):
+                node = ctl.state.nodes[node_id]
+                if not node.workdir:
+                    raise ExecutorError(
+                        "unreachable", f"node {node_id} has not reported a work directory yet"
+                    )
+                env = {
+                    **job.env,
+                    "HOPS_NODE_RANK": str(rank),
+                    "HOPS_NNODES": str(len(parts)),
+                    "HOPS_WORLD_GPUS": str(attempt.placement.gpus),
+                    "HOPS_BASE_GPUS": str(job.spec.requirements.minimum),
+                    "HOPS_RESUME": "1" if attempt.resume else "0",
+                }
+                cal = node.calibration
+                order = LaunchOrder(
+                    attempt=attempt.id,
+                    job=job.id,
+                    epoch=ctl.epoch,
+                    argv=job.command,
+                    mode="profile" if attempt.profiling else "run",
+                    gpus=gpus,
+                    visible_devices=attempt.devices.get(node_id, []),
+                    env=env,
+                    cwd=job.workdir,
+                    checkpoint_dir=f"{ctl.checkpoint_root}/{job.id}" if ctl.checkpoint_root else "",
+                    profile_iters=ctl.config.scheduler.profiling_iterations,
+                    emulated_speed=cal.compute_factor
+                    if cal is not None and node.device_mode == "emulated"
+                    else None,
+                )
+                await ctl.executor.launch(ctl.target(node_id), order)
+        except ExecutorError as exc:
+            log.warning("launch_failed", attempt_id=attempt.id, job_id=attempt.job_id, error=str(exc))
+            # "failed": the node ran the wrapper and it could not start the command (the job's fault);
+            # anything else is the node's (unreachable, refused): the job goes back to the queue.
+            reason = "launch_error" if exc.kind == "failed" else "launch_failed"
+            ctl.end_attempt(attempt, reason=reason, message=str(exc))
+            return
+        if attempt.id not in ctl.state.attempts:
+            return  # it already ended (a very short job, reported by a heartbeat)
+        now = ctl.clock()
+        attempt.launched = True
+        attempt.started = attempt.started or now
+        with ctl.store.transaction():
+            ctl.store.update_attempt(attempt.id, started=attempt.started)
+            job = ctl.state.jobs.get(attempt.job_id)
+            if job is not None and not attempt.profiling and job.state == JobState.LAUNCHING:
+                ctl.state.set_job_state(
+                    job, JobState.RUNNING, now, "started", f"{attempt.id} on {attempt.placement}"
+                )

@@ -1,0 +1,186 @@
+"""Running the master: config -> state file, tokens, executor, HTTP server, round and health loops.
+
+`hopsmgr master --config FILE` calls `main`. The master binds 127.0.0.1 unless the config gives TLS
+(cert and key) or says `insecure = true` (then it logs a warning on every start). On its first start it
+creates an admin token (<state_dir>/admin.token, mode 0600) and the cluster token agents use. It writes
+<state_dir>/master.json (url, pid, epoch) once it listens, so local tools and tests find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import ssl
+from dataclasses import replace
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from hopsmgr.config import ClusterConfig
+from hopsmgr.logs import configure_logging
+from hopsmgr.master.api import make_app
+from hopsmgr.master.controller import Controller
+from hopsmgr.master.executor import Executor, LocalExecutor
+from hopsmgr.master.rounds import RoundLoop
+from hopsmgr.master.store import Store
+
+log = structlog.get_logger("hopsmgr.master")
+
+
+class StartError(RuntimeError):
+    """The master cannot start with this configuration (the message says what to change)."""
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "hopsmgr"
+
+
+def write_secret(path: Path, value: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+
+
+def read_or_create_secret(path: Path) -> str:
+    if path.exists():
+        value = path.read_text().strip()
+        if len(value) < 16:
+            raise StartError(f"{path}: the token in it is too short (at least 16 characters)")
+        return value
+    value = secrets.token_urlsafe(32)
+    write_secret(path, value)
+    return value
+
+
+def check_listen(config: ClusterConfig) -> ssl.SSLContext | None:
+    m = config.master
+    if m.tls:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        try:
+            context.load_cert_chain(m.tls_cert, m.tls_key)
+        except (OSError, ssl.SSLError) as exc:
+            raise StartError(
+                f"master.tls_cert / master.tls_key: cannot load {m.tls_cert}, {m.tls_key}: {exc}"
+            ) from exc
+        return context
+    if not m.loopback:
+        if not m.insecure:
+            raise StartError(
+                f"master.listen = {m.listen!r} is not a loopback address: configure tls_cert and tls_key, "
+                "or set insecure = true in [master] to accept plain HTTP on the network"
+            )
+        log.warning(
+            "insecure_listen", listen=m.listen, message="plain HTTP on a network address (insecure = true)"
+        )
+    return None
+
+
+def make_executor(config: ClusterConfig) -> Executor:
+    if config.master.executor == "local":
+        return LocalExecutor()
+    raise StartError(
+        f"master.executor = {config.master.executor!r} is not available in this build (use 'local')"
+    )
+
+
+class MasterProcess:
+    """One running master: build with `start`, stop with `stop` (used by main and by tests in-process)."""
+
+    def __init__(self, config: ClusterConfig, state_dir: Path, listen: str | None = None) -> None:
+        if listen:
+            config = replace(config, master=replace(config.master, listen=listen))
+        self.config = config
+        self.state_dir = state_dir
+        self.listen = config.master.listen
+        self.runner: web.AppRunner | None = None
+        self.ctl: Controller | None = None
+        self.url = ""
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> str:
+        tls = check_listen(self.config)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(self.state_dir / "state.db")
+        m = self.config.master
+        cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
+        ctl = Controller(self.config, store, make_executor(self.config))
+        checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
+        checkpoints.mkdir(parents=True, exist_ok=True)
+        ctl.open(str(checkpoints))
+        if store.count_tokens(admin=True) == 0:
+            token = secrets.token_urlsafe(32)
+            store.add_token(token, "admin", self.config.tenants[0].name, True, ctl.clock())
+            write_secret(self.state_dir / "admin.token", token)
+            log.info("admin_token_created", path=str(self.state_dir / "admin.token"))
+        loop = RoundLoop(ctl)
+        self.ctl = ctl
+        app = make_app(ctl, loop, cluster_token)
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        host, _, port = self.listen.rpartition(":")
+        site = web.TCPSite(self.runner, host.strip("[]"), int(port), ssl_context=tls, reuse_address=True)
+        await site.start()
+        bound = int(port)
+        for address in self.runner.addresses:  # the port actually bound (the config may say 0)
+            bound = int(address[1])
+        self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
+        self.tasks = [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
+        info = {"url": self.url, "pid": os.getpid(), "epoch": ctl.epoch}
+        (self.state_dir / "master.json").write_text(json.dumps(info))
+        log.info(
+            "master_listening",
+            url=self.url,
+            epoch=ctl.epoch,
+            executor=ctl.executor.name,
+            nodes=len(self.config.servers),
+        )
+        return self.url
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.ctl is not None:
+            for task in list(self.ctl.tasks):
+                task.cancel()
+            self.ctl.state.flush_progress()
+            await self.ctl.executor.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+        if self.ctl is not None:
+            self.ctl.store.close()
+
+
+async def serve(config: ClusterConfig, state_dir: Path, listen: str | None = None) -> None:
+    master = MasterProcess(config, state_dir, listen)
+    await master.start()
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    log.info("master_stopping")
+    await master.stop()
+
+
+def main(
+    config: ClusterConfig, state_dir: str | None, listen: str | None, json_logs: bool | None = None
+) -> int:
+    configure_logging(json_logs)
+    directory = Path(state_dir) if state_dir else Path(config.master.state_dir or default_state_dir())
+    try:
+        asyncio.run(serve(config, directory, listen))
+    except StartError as exc:
+        log.error("master_cannot_start", error=str(exc))
+        print(f"error: {exc}")
+        return 2
+    return 0

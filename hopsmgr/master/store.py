@@ -1,0 +1,362 @@
+"""The master's state file: SQLite (WAL, synchronous=FULL), one writer, schema versioned with migrations.
+
+Tables: meta (epoch, id counters), tenants, tokens (hashed), jobs, attempts, events (append-only job
+history), nodes (with calibration), throughput (the estimator's measured history), estimator (its
+exported state) and rounds. The master is the only writer; every change that must survive a crash is
+committed before the master acts on it (`transaction()` groups a change into one commit).
+
+Rows travel as plain dicts (`JobRow`, `AttemptRow` ... are TypedDict-free dicts keyed by column); the
+master's in-memory records (hopsmgr.master.state) convert to and from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the first schema
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE tenants (
+        name TEXT PRIMARY KEY, guaranteed_gpus INTEGER NOT NULL, cap_gpus INTEGER, weight REAL NOT NULL);
+    CREATE TABLE tokens (
+        hash TEXT PRIMARY KEY, user TEXT NOT NULL, tenant TEXT NOT NULL, admin INTEGER NOT NULL,
+        created REAL NOT NULL);
+    CREATE TABLE jobs (
+        id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, tenant TEXT NOT NULL, user TEXT NOT NULL,
+        name TEXT NOT NULL, state TEXT NOT NULL, submitted REAL NOT NULL, state_since REAL NOT NULL,
+        spec TEXT NOT NULL, command TEXT NOT NULL, env TEXT NOT NULL, workdir TEXT NOT NULL,
+        launcher TEXT NOT NULL, done_samples REAL NOT NULL DEFAULT 0, attained_gpu_s REAL NOT NULL DEFAULT 0,
+        running_s REAL NOT NULL DEFAULT 0, restarts INTEGER NOT NULL DEFAULT 0,
+        preemptions INTEGER NOT NULL DEFAULT 0, node_losses INTEGER NOT NULL DEFAULT 0,
+        failures INTEGER NOT NULL DEFAULT 0, reason TEXT, has_checkpoint INTEGER NOT NULL DEFAULT 0,
+        ended REAL);
+    CREATE INDEX jobs_state ON jobs (state);
+    CREATE INDEX jobs_tenant ON jobs (tenant, seq);
+    CREATE TABLE attempts (
+        id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, job_id TEXT NOT NULL REFERENCES jobs (id),
+        placement TEXT NOT NULL, profiling INTEGER NOT NULL, epoch INTEGER NOT NULL, created REAL NOT NULL,
+        started REAL, ended REAL, end_reason TEXT, exit_code INTEGER, stopping INTEGER NOT NULL DEFAULT 0,
+        resume INTEGER NOT NULL DEFAULT 0, devices TEXT);
+    CREATE INDEX attempts_job ON attempts (job_id, seq);
+    CREATE INDEX attempts_open ON attempts (ended);
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, time REAL NOT NULL, kind TEXT NOT NULL,
+        state TEXT, message TEXT NOT NULL DEFAULT '');
+    CREATE INDEX events_job ON events (job_id, seq);
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY, gpu_type TEXT NOT NULL, gpus INTEGER NOT NULL, drained INTEGER NOT NULL DEFAULT 0,
+        calibration TEXT, calibration_source TEXT NOT NULL DEFAULT '', device_mode TEXT NOT NULL DEFAULT '',
+        workdir TEXT NOT NULL DEFAULT '', agent_version TEXT NOT NULL DEFAULT '', last_beat REAL);
+    CREATE TABLE throughput (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, time REAL NOT NULL,
+        placement TEXT NOT NULL, samples_per_s REAL NOT NULL);
+    CREATE TABLE estimator (id INTEGER PRIMARY KEY CHECK (id = 1), state TEXT NOT NULL, saved REAL NOT NULL);
+    CREATE TABLE rounds (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, kind TEXT NOT NULL, duration_s REAL NOT NULL,
+        solve_s REAL NOT NULL, method TEXT NOT NULL, proven INTEGER NOT NULL, launches INTEGER NOT NULL,
+        stops INTEGER NOT NULL, queued INTEGER NOT NULL, running INTEGER NOT NULL, idle_gpus INTEGER NOT NULL);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+_JSON_COLUMNS = {"spec", "command", "env", "placement", "calibration", "devices"}
+
+
+class StoreError(RuntimeError):
+    """The state file cannot be used (newer schema, unreadable, disk full...)."""
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _decode(row: sqlite3.Row) -> Row:
+    out: Row = {}
+    for key in row.keys():  # noqa: SIM118 - sqlite3.Row has keys(), no __iter__ over names
+        value = row[key]
+        out[key] = json.loads(value) if key in _JSON_COLUMNS and value is not None else value
+    return out
+
+
+def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        k: json.dumps(v, sort_keys=True) if k in _JSON_COLUMNS and v is not None else v
+        for k, v in values.items()
+    }
+
+
+class Store:
+    """One SQLite file; all methods run on the master's event-loop thread (the only writer)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreError(f"cannot open the state file {self.path}: {exc}") from exc
+        self._db.row_factory = sqlite3.Row
+        self._depth = 0
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._migrate()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"{self.path} is not a usable hopsmgr state file: {exc}") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- schema -----------------------------------------------------------------------------------------
+
+    def _migrate(self) -> None:
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path} has schema version {version}, newer than this hopsmgr ({SCHEMA_VERSION}): "
+                "upgrade hopsmgr or restore a backup"
+            )
+        for number in range(version, SCHEMA_VERSION):
+            with self.transaction():
+                for statement in MIGRATIONS[number].split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {number + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One commit for everything inside (nested calls join the outer one)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self._db.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        try:
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            self._db.execute("ROLLBACK")
+            raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
+
+    def _exec(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, params)
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
+
+    def _insert(self, table: str, values: Mapping[str, Any]) -> None:
+        enc = _encode(values)
+        cols = ", ".join(enc)
+        marks = ", ".join(f":{k}" for k in enc)
+        self._exec(f"INSERT INTO {table} ({cols}) VALUES ({marks})", enc)
+
+    def _update(self, table: str, key: str, values: Mapping[str, Any]) -> None:
+        if not values:
+            return
+        enc = _encode(values)
+        sets = ", ".join(f"{k} = :{k}" for k in enc)
+        self._exec(f"UPDATE {table} SET {sets} WHERE id = :__id", {**enc, "__id": key})
+
+    # -- meta: epoch and id counters ---------------------------------------------------------------------
+
+    def meta(self, key: str, default: str = "") -> str:
+        row = self._exec("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return str(row[0]) if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        self._exec(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = ?",
+            (key, value, value),
+        )
+
+    def next_epoch(self) -> int:
+        """A new master epoch, one more than any before (commands of older epochs are refused on nodes)."""
+        with self.transaction():
+            epoch = int(self.meta("epoch", "0")) + 1
+            self.set_meta("epoch", str(epoch))
+        return epoch
+
+    def next_seq(self, counter: str) -> int:
+        """The next value of a counter that never repeats (call inside the transaction that uses it)."""
+        with self.transaction():
+            value = int(self.meta(counter, "0")) + 1
+            self.set_meta(counter, str(value))
+        return value
+
+    # -- tenants and tokens --------------------------------------------------------------------------------
+
+    def sync_tenants(self, tenants: Sequence[Row]) -> None:
+        with self.transaction():
+            self._exec("DELETE FROM tenants")
+            for t in tenants:
+                self._insert("tenants", t)
+
+    def add_token(self, token: str, user: str, tenant: str, admin: bool, now: float) -> None:
+        with self.transaction():
+            self._insert(
+                "tokens",
+                {
+                    "hash": hash_token(token),
+                    "user": user,
+                    "tenant": tenant,
+                    "admin": int(admin),
+                    "created": now,
+                },
+            )
+
+    def find_token(self, token: str) -> Row | None:
+        digest = hash_token(token)
+        row = self._exec("SELECT * FROM tokens WHERE hash = ?", (digest,)).fetchone()
+        if row is None or not hmac.compare_digest(str(row["hash"]), digest):
+            return None
+        return _decode(row)
+
+    def count_tokens(self, admin: bool | None = None) -> int:
+        if admin is None:
+            return int(self._exec("SELECT COUNT(*) FROM tokens").fetchone()[0])
+        return int(self._exec("SELECT COUNT(*) FROM tokens WHERE admin = ?", (int(admin),)).fetchone()[0])
+
+    # -- jobs -------------------------------------------------------------------------------------------
+
+    def insert_job(self, row: Mapping[str, Any]) -> None:
+        self._insert("jobs", row)
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        self._update("jobs", job_id, values)
+
+    def job(self, job_id: str) -> Row | None:
+        row = self._exec("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _decode(row)
+
+    def jobs(
+        self,
+        *,
+        states: Sequence[str] = (),
+        tenant: str | None = None,
+        user: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = True,
+    ) -> list[Row]:
+        where: list[str] = []
+        params: list[Any] = []
+        if states:
+            where.append(f"state IN ({', '.join('?' for _ in states)})")
+            params.extend(states)
+        if tenant is not None:
+            where.append("tenant = ?")
+            params.append(tenant)
+        if user is not None:
+            where.append("user = ?")
+            params.append(user)
+        sql = "SELECT * FROM jobs" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY seq " + ("DESC" if newest_first else "ASC")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [_decode(r) for r in self._exec(sql, params).fetchall()]
+
+    # -- attempts ---------------------------------------------------------------------------------------
+
+    def insert_attempt(self, row: Mapping[str, Any]) -> None:
+        self._insert("attempts", row)
+
+    def update_attempt(self, attempt_id: str, **values: Any) -> None:
+        self._update("attempts", attempt_id, values)
+
+    def attempts(self, job_id: str) -> list[Row]:
+        rows = self._exec("SELECT * FROM attempts WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()
+        return [_decode(r) for r in rows]
+
+    def open_attempts(self) -> list[Row]:
+        rows = self._exec("SELECT * FROM attempts WHERE ended IS NULL ORDER BY seq").fetchall()
+        return [_decode(r) for r in rows]
+
+    def attempt(self, attempt_id: str) -> Row | None:
+        row = self._exec("SELECT * FROM attempts WHERE id = ?", (attempt_id,)).fetchone()
+        return None if row is None else _decode(row)
+
+    # -- events -----------------------------------------------------------------------------------------
+
+    def add_event(self, job_id: str, time: float, kind: str, state: str | None, message: str = "") -> None:
+        self._exec(
+            "INSERT INTO events (job_id, time, kind, state, message) VALUES (?, ?, ?, ?, ?)",
+            (job_id, time, kind, state, message),
+        )
+
+    def events(self, job_id: str) -> list[Row]:
+        rows = self._exec("SELECT * FROM events WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()
+        return [_decode(r) for r in rows]
+
+    # -- nodes ------------------------------------------------------------------------------------------
+
+    def upsert_node(self, row: Mapping[str, Any]) -> None:
+        enc = _encode(row)
+        cols = ", ".join(enc)
+        marks = ", ".join(f":{k}" for k in enc)
+        updates = ", ".join(f"{k} = excluded.{k}" for k in enc if k != "id")
+        self._exec(
+            f"INSERT INTO nodes ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}", enc
+        )
+
+    def nodes(self) -> list[Row]:
+        return [_decode(r) for r in self._exec("SELECT * FROM nodes ORDER BY id").fetchall()]
+
+    # -- estimator, throughput history, rounds ----------------------------------------------------------
+
+    def save_estimator(self, state: Mapping[str, Any], now: float) -> None:
+        text = json.dumps(state, sort_keys=True)
+        self._exec(
+            "INSERT INTO estimator (id, state, saved) VALUES (1, ?, ?) "
+            "ON CONFLICT(id) DO UPDATE SET state = excluded.state, saved = excluded.saved",
+            (text, now),
+        )
+
+    def load_estimator(self) -> dict[str, Any] | None:
+        row = self._exec("SELECT state FROM estimator WHERE id = 1").fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    def add_throughput(self, job_id: str, time: float, placement: Mapping[str, int], rate: float) -> None:
+        self._exec(
+            "INSERT INTO throughput (job_id, time, placement, samples_per_s) VALUES (?, ?, ?, ?)",
+            (job_id, time, json.dumps(dict(placement), sort_keys=True), rate),
+        )
+
+    def throughput(self, job_id: str) -> list[Row]:
+        rows = self._exec("SELECT * FROM throughput WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()
+        return [_decode(r) for r in rows]
+
+    def add_round(self, row: Mapping[str, Any]) -> None:
+        self._insert("rounds", row)
+
+    def rounds(self, limit: int = 100) -> list[Row]:
+        rows = self._exec("SELECT * FROM rounds ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
+        return [_decode(r) for r in rows]
+
+    def integrity_ok(self) -> bool:
+        return str(self._db.execute("PRAGMA integrity_check").fetchone()[0]) == "ok"

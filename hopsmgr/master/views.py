@@ -1,0 +1,226 @@
+"""JSON views of the master's state for the API: job summaries and details, explain, nodes, tenants.
+
+Read-only: built from the store rows and the controller's in-memory records and last plans.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import JobView
+from hopsmgr.core.planner import Plan, priority_context
+from hopsmgr.core.priority import PriorityContext, estimated_wait_s, raqlr
+from hopsmgr.master.controller import Controller
+from hopsmgr.master.executor import ExecutorError
+from hopsmgr.master.state import JobRecord, NodeRecord, build_snapshot, calibration_json
+
+TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def row_of(job: JobRecord) -> dict[str, Any]:
+    return job.to_row()
+
+
+def _plan(ctl: Controller) -> Plan | None:
+    return ctl.plans.get("fragment") or ctl.plans.get("first")
+
+
+def current_raqlr(ctl: Controller) -> float | None:
+    return raqlr(ctl.ended_lr, ctl.clock(), ctl.config.scheduler.raqlr_hours)
+
+
+def wait_context(ctl: Controller) -> PriorityContext:
+    return priority_context(build_snapshot(ctl.state, ctl.clock())[0], ctl.estimator)
+
+
+def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None) -> dict[str, Any]:
+    job = ctl.state.jobs.get(row["id"])
+    plan = _plan(ctl)
+    placement = None
+    if job is not None and job.attempt is not None and job.attempt in ctl.state.attempts:
+        placement = ctl.state.attempts[job.attempt].placement.as_dict()
+    priority = plan.priorities.get(row["id"]) if plan else None
+    tenant = ctl.state.tenants.get(row["tenant"])
+    weight = tenant.weight if tenant else 1.0
+    position = None
+    est_wait = None
+    if job is not None and job.state == JobState.QUEUED:
+        position = ctl.positions.get(row["id"])
+        value = current_raqlr(ctl)
+        if value is not None:
+            view = JobView(job.spec, done_samples=job.done_samples)
+            total = estimated_wait_s(view, ctx or wait_context(ctl), value)
+            waited = ctl.clock() - job.submitted - job.running_s
+            est_wait = None if total is None else max(0.0, total - waited)
+    total_samples = row["spec"]["total_samples"]
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "tenant": row["tenant"],
+        "user": row["user"],
+        "state": row["state"] if job is None else job.state.value,
+        "gpus": row["spec"]["gpus"],
+        "submitted": row["submitted"],
+        "placement": placement,
+        "position": position,
+        "priority": priority,
+        "latency_ratio": None if priority is None else priority / weight,
+        "est_wait_s": est_wait,
+        "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
+        "attempts": None,
+        "restarts": job.restarts if job else row["restarts"],
+        "reason": job.reason if job else row["reason"],
+    }
+
+
+def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
+    out = job_summary(ctl, row)
+    attempts = ctl.store.attempts(row["id"])
+    out["attempts"] = len(attempts)
+    out.update(
+        command=row["command"],
+        env=row["env"],
+        workdir=row["workdir"],
+        launcher=row["launcher"],
+        batch_size=row["spec"]["batch_size"],
+        total_samples=row["spec"]["total_samples"],
+        done_samples=row["done_samples"],
+        counters={k: row[k] for k in ("restarts", "preemptions", "node_losses", "failures")},
+        history=[
+            {"time": e["time"], "kind": e["kind"], "state": e["state"], "message": e["message"]}
+            for e in ctl.store.events(row["id"])
+        ],
+        attempt_list=[
+            {
+                "id": a["id"],
+                "placement": a["placement"],
+                "profiling": bool(a["profiling"]),
+                "started": a["started"],
+                "ended": a["ended"],
+                "end_reason": a["end_reason"],
+                "exit_code": a["exit_code"],
+            }
+            for a in attempts
+        ],
+    )
+    out["attempts"] = out.pop("attempt_list")
+    return out
+
+
+async def latest_log(ctl: Controller, row: dict[str, Any], tail: int) -> tuple[str | None, str]:
+    attempts = [a for a in ctl.store.attempts(row["id"]) if a["started"] is not None or a["ended"] is None]
+    if not attempts:
+        return None, ""
+    attempt = attempts[-1]
+    node_id = next(iter(attempt["placement"]))
+    node = ctl.state.nodes.get(node_id)
+    if node is None or not node.workdir:
+        return attempt["id"], ""
+    try:
+        return attempt["id"], await ctl.executor.logs(ctl.target(node_id), attempt["id"], tail)
+    except ExecutorError as exc:
+        return attempt["id"], f"(log not available: {exc})"
+
+
+def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
+    summary = job_summary(ctl, row)
+    plan = _plan(ctl)
+    info = plan.explain.get(row["id"]) if plan else None
+    tenant = row["tenant"]
+    return {
+        "id": row["id"],
+        "state": summary["state"],
+        "position": summary["position"],
+        "priority": summary["priority"],
+        "latency_ratio": summary["latency_ratio"],
+        "in_window": None if info is None else info.in_window,
+        "window": None if plan is None else len(plan.window),
+        "sensitivity": None if info is None else info.sensitivity,
+        "may_span": None if info is None else info.may_span,
+        "candidates": []
+        if info is None
+        else [{"config": c.config, "rate": c.rate, "value": c.value} for c in info.candidates],
+        "chosen": None if info is None else info.chosen,
+        "placement": summary["placement"],
+        "unplaceable": None if plan is None else plan.unplaceable.get(row["id"]),
+        "profiled_types": sorted(ctl.estimator.profiled_types(row["id"])),
+        "reason": summary["reason"],
+        "quota": tenant_view(ctl, tenant),
+        "round": None
+        if plan is None
+        else {"time": plan.now, "kind": plan.kind, "method": plan.stats.method, "proven": plan.stats.proven},
+    }
+
+
+def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
+    running = []
+    used = 0
+    for a in ctl.state.attempts.values():
+        gpus = a.placement.as_dict().get(node.id)
+        if gpus:
+            used += gpus
+            running.append({"job": a.job_id, "attempt": a.id, "gpus": gpus, "profiling": a.profiling})
+    cal = node.calibration or node.server.calibration
+    return {
+        "id": node.id,
+        "gpu_type": node.server.gpu_type,
+        "gpus": node.usable_gpus,
+        "health": node.health,
+        "drained": node.drained,
+        "emulated": node.device_mode == "emulated",
+        "device_mode": node.device_mode,
+        "calibration": {**calibration_json(cal), "source": cal.source},
+        "last_beat_s": None if node.last_beat is None else round(ctl.clock() - node.last_beat, 3),
+        "free_gpus": max(0, node.usable_gpus - used),
+        "running": running,
+    }
+
+
+def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
+    quota = ctl.state.tenants.get(name)
+    used = 0
+    for a in ctl.state.attempts.values():
+        job = ctl.state.jobs.get(a.job_id)
+        if job is not None and job.tenant == name and not a.profiling:
+            used += a.placement.gpus
+    jobs = [j for j in ctl.state.jobs.values() if j.tenant == name]
+    guaranteed = quota.guaranteed_gpus if quota else 0
+    return {
+        "name": name,
+        "guaranteed_gpus": guaranteed,
+        "cap_gpus": quota.cap_gpus if quota else None,
+        "weight": quota.weight if quota else 1.0,
+        "used_gpus": used,
+        "borrowed_gpus": max(0, used - guaranteed),
+        "queued": sum(1 for j in jobs if j.state == JobState.QUEUED),
+        "running": sum(1 for j in jobs if j.state == JobState.RUNNING),
+    }
+
+
+def cluster_view(ctl: Controller, loop: Any) -> dict[str, Any]:
+    by_type: dict[str, int] = {}
+    health: dict[str, int] = {}
+    for n in ctl.state.nodes.values():
+        by_type[n.server.gpu_type] = by_type.get(n.server.gpu_type, 0) + n.usable_gpus
+        health[n.health] = health.get(n.health, 0) + 1
+    used = sum(ctl.state.held().values())
+    counts = {s: 0 for s in ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING")}
+    for j in ctl.state.jobs.values():
+        counts[j.state.value] += 1
+    total = sum(by_type.values())
+    return {
+        "gpus": total,
+        "gpus_by_type": by_type,
+        "used_gpus": used,
+        "idle_gpus": max(0, total - used),
+        "pending": counts["PENDING"] + counts["PROFILING"],
+        "queued": counts["QUEUED"],
+        "running": counts["RUNNING"] + counts["LAUNCHING"],
+        "checkpointing": counts["CHECKPOINTING"],
+        "nodes": health,
+        "raqlr": current_raqlr(ctl),
+        "epoch": ctl.epoch,
+        "executor": ctl.executor.name,
+        "last_round": loop.last or None,
+    }

@@ -1,0 +1,150 @@
+"""Rendering of sample API answers (docs/api.md) as tables and `key: value` text."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hopsmgr.cli import render
+
+
+@pytest.fixture
+def utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+RUNNING: dict[str, Any] = {
+    "id": "j-000001", "name": "resnet", "tenant": "vision", "user": "ana", "state": "RUNNING",
+    "gpus": [1, 2, 4], "submitted": 1796035200.0, "placement": {"node-a": 2}, "position": None,
+    "priority": 1.8, "latency_ratio": 1.8, "est_wait_s": None, "progress": 0.42,
+    "attempts": 2, "restarts": 1, "reason": None,
+}  # fmt: skip
+QUEUED: dict[str, Any] = RUNNING | {
+    "id": "j-000002", "name": "bert-large", "tenant": "nlp", "state": "QUEUED", "gpus": [8],
+    "submitted": 1796035300.0, "placement": {}, "position": 1, "latency_ratio": 2.345,
+    "est_wait_s": 200, "progress": 0.0,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, "-"), (0, "0s"), (45, "45s"), (200, "3m20s"), (3700, "1h01m"), (90000, "1d01h"), (59.6, "1m00s")],
+)
+def test_duration(seconds: float | None, text: str) -> None:
+    assert render.duration(seconds) == text
+
+
+def test_queue_table_puts_queued_jobs_first_by_position() -> None:
+    assert render.queue_table([RUNNING, QUEUED]).splitlines() == [
+        "POS  ID        NAME        TENANT  STATE    GPUS   PLACEMENT  LR    EST.WAIT  PROGRESS",
+        "1    j-000002  bert-large  nlp     QUEUED   8      -          2.35  3m20s     0%",
+        "-    j-000001  resnet      vision  RUNNING  1,2,4  node-a:2   1.80  -         42%",
+    ]
+
+
+def test_queue_table_empty_has_headers_only() -> None:
+    assert render.queue_table([]).startswith("POS  ID  NAME")
+
+
+def test_job_detail(utc: None) -> None:
+    detail = RUNNING | {
+        "command": ["python", "train.py", "--lr", "0.1"], "env": {"A": "1 2"}, "workdir": "/srv",
+        "launcher": "plain", "batch_size": 32, "total_samples": 1000000, "done_samples": 420000,
+        "history": [
+            {"time": 1796035200.0, "kind": "submit", "state": "PENDING", "message": "submitted by ana"},
+            {"time": 1796035260.0, "kind": "launch", "state": "RUNNING", "message": "node-a:2"},
+        ],
+        "attempts": [
+            {"id": 1, "placement": {"node-a": 1}, "profiling": True, "started": 1796035210.0,
+             "ended": 1796035250.0, "end_reason": "profiled", "exit_code": 0},
+            {"id": 2, "placement": {"node-a": 2}, "profiling": False, "started": 1796035260.0,
+             "ended": None, "end_reason": None, "exit_code": None},
+        ],
+    }  # fmt: skip
+    lines = render.job_detail(detail).splitlines()
+    assert "submitted:     2026-11-30T10:40:00+00:00" in lines
+    assert "attempts:      2 (1 restarts)" in lines
+    assert "command:       python train.py --lr 0.1" in lines
+    assert "env:           A='1 2'" in lines
+    assert lines[lines.index("history:") + 1 :][:3] == [
+        "  TIME                       KIND    STATE    MESSAGE",
+        "  2026-11-30T10:40:00+00:00  submit  PENDING  submitted by ana",
+        "  2026-11-30T10:41:00+00:00  launch  RUNNING  node-a:2",
+    ]
+    assert lines[-2:] == [
+        "  1   node-a:1   yes        2026-11-30T10:40:10+00:00  2026-11-30T10:40:50+00:00  profiled    0",
+        "  2   node-a:2   no         2026-11-30T10:41:00+00:00  -                          -           -",
+    ]
+
+
+def test_explain_marks_the_chosen_configuration(utc: None) -> None:
+    doc = {
+        "id": "j-000002", "state": "QUEUED", "position": 1, "priority": 2.345, "latency_ratio": 2.345,
+        "in_window": True, "window": 4, "sensitivity": 1.2, "may_span": False,
+        "candidates": [{"config": "rtx3090x8", "rate": 120.5, "value": 2.1},
+                       {"config": "v100x8", "rate": 98.0, "value": 1.7}],
+        "chosen": "rtx3090x8", "unplaceable": None,
+        "quota": {"tenant": "nlp", "guaranteed_gpus": 8, "cap_gpus": 16, "used_gpus": 8, "borrowed_gpus": 0},
+        "round": {"time": 1796035300.0, "kind": "periodic", "method": "ilp", "proven": True},
+    }  # fmt: skip
+    text = render.explain_text(doc)
+    assert "  queue position: 1" in text
+    assert "  quota:          tenant nlp: uses 8 GPUs, guaranteed 8, cap 16, borrowed 0" in text
+    assert "  last round:     2026-11-30T10:41:40+00:00 (periodic, ilp, proven optimal)" in text
+    assert text.splitlines()[-3:] == [
+        "       CONFIG     RATE    VALUE",
+        "    *  rtx3090x8  120.50  2.100",
+        "       v100x8     98.00   1.700",
+    ]
+
+
+def test_nodes_table() -> None:
+    nodes = [
+        {"id": "node-a", "gpu_type": "rtx3090", "gpus": 8, "health": "HEALTHY", "drained": False,
+         "emulated": True, "calibration": {"compute_factor": 1.05, "source": "measured"}, "last_beat_s": 2.0,
+         "free_gpus": 6, "running": [{"job": "j-000001", "attempt": 2, "gpus": 2},
+                                     {"job": "j-000003", "attempt": 1, "gpus": 1}]},
+        {"id": "node-b", "gpu_type": "v100", "gpus": 4, "health": "SUSPECT", "drained": True,
+         "emulated": False, "calibration": {}, "last_beat_s": 40.0, "free_gpus": 4, "running": []},
+    ]  # fmt: skip
+    assert render.nodes_table(nodes).splitlines() == [
+        "ID      TYPE     GPUS  FREE  HEALTH   DRAINED  EMULATED  CALIBRATION      RUNNING",
+        "node-a  rtx3090  8     6     HEALTHY  no       yes       1.05 (measured)  j-000001,j-000003",
+        "node-b  v100     4     4     SUSPECT  yes      no        -                -",
+    ]
+
+
+def test_tenants_table() -> None:
+    tenant = {"name": "vision", "guaranteed_gpus": 16, "cap_gpus": None, "weight": 1.0, "used_gpus": 8,
+              "borrowed_gpus": 0, "queued": 3, "running": 2}  # fmt: skip
+    assert render.tenants_table([tenant]).splitlines() == [
+        "TENANT  GUARANTEED  CAP  WEIGHT  USED  BORROWED  QUEUED  RUNNING",
+        "vision  16          -    1       8     0         3       2",
+    ]
+
+
+def test_cluster_text(utc: None) -> None:
+    doc = {"gpus": 12, "gpus_by_type": {"rtx3090": 8, "v100": 4}, "used_gpus": 2, "idle_gpus": 10,
+           "pending": 0, "queued": 1, "running": 1, "nodes": {"HEALTHY": 1, "SUSPECT": 1}, "raqlr": 1.5,
+           "epoch": 3, "last_round": {"time": 1796035300.0, "method": "ilp"}, "version": "0.1.0"}  # fmt: skip
+    assert render.cluster_text(doc).splitlines() == [
+        "gpus:         12",
+        "gpus_by_type: rtx3090=8, v100=4",
+        "used_gpus:    2",
+        "idle_gpus:    10",
+        "pending:      0",
+        "queued:       1",
+        "running:      1",
+        "nodes:        HEALTHY=1, SUSPECT=1",
+        "raqlr:        1.50",
+        "epoch:        3",
+        "last_round:   2026-11-30T10:41:40+00:00 method=ilp",
+        "version:      0.1.0",
+    ]

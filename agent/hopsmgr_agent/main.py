@@ -16,7 +16,9 @@ import random
 import signal
 import ssl
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -32,6 +34,7 @@ from hopsmgr_agent.config import AgentConfig, load_agent_config
 
 log = structlog.get_logger("hopsmgr.agent")
 LOG_TAIL_BYTES = 4000
+RETENTION_S = 7 * 24 * 3600.0  # finished attempts (and their logs) are kept this long on the node
 
 
 class Agent:
@@ -41,6 +44,7 @@ class Agent:
         self.interval_s = 5.0
         self.stopping: set[str] = set()
         self.beats = 0
+        self.collected = 0.0
 
     def devices(self) -> dict[str, Any]:
         c = self.config
@@ -63,7 +67,7 @@ class Agent:
         running: list[dict[str, Any]] = []
         finished: list[dict[str, Any]] = []
         for rec in records:
-            if rec.get("job") is None:
+            if rec.get("job") is None or self._acked(rec["attempt"]):
                 continue
             if rec["state"] == "running":
                 running.append({"attempt": rec["attempt"], "job": rec["job"], "progress": _progress(rec)})
@@ -103,12 +107,31 @@ class Agent:
         self.epoch = reply.epoch
         self.interval_s = reply.interval_s
         for attempt in reply.ack:
-            with contextlib.suppress(WrapperError):
-                ops.forget(self.config.workdir, attempt)
+            # Keep the attempt's directory (its log stays readable); stop reporting it; drop it later.
+            with contextlib.suppress(OSError):
+                (self._dir(attempt) / "acked").touch()
+        self._collect()
         for attempt in reply.stop:
             if attempt not in self.stopping:
                 self.stopping.add(attempt)
                 asyncio.get_running_loop().create_task(self._reap(attempt))
+
+    def _dir(self, attempt: str) -> Path:
+        return Path(self.config.workdir) / "attempts" / attempt
+
+    def _acked(self, attempt: str) -> bool:
+        return (self._dir(attempt) / "acked").exists()
+
+    def _collect(self) -> None:
+        """Forget acknowledged attempts older than the retention period (their logs go with them)."""
+        now = time.time()
+        if now - self.collected < 600:
+            return
+        self.collected = now
+        for marker in Path(self.config.workdir).glob("attempts/*/acked"):
+            with contextlib.suppress(OSError, WrapperError):
+                if now - marker.stat().st_mtime > RETENTION_S:
+                    ops.forget(self.config.workdir, marker.parent.name)
 
     async def _reap(self, attempt: str) -> None:
         try:

@@ -320,7 +320,9 @@ class Controller:
         if progress is not None:
             self._progress(attempt, progress)
         with self.store.transaction():
-            self.store.update_attempt(attempt.id, ended=now, end_reason=reason, exit_code=code)
+            self.store.update_attempt(
+                attempt.id, ended=now, end_reason=reason, exit_code=code, log_tail=log_tail or message or None
+            )
             if job is not None:
                 self._account(job, attempt, now)
                 if attempt.profiling:

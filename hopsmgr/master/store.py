@@ -47,7 +47,7 @@ MIGRATIONS: tuple[str, ...] = (
         id TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, job_id TEXT NOT NULL REFERENCES jobs (id),
         placement TEXT NOT NULL, profiling INTEGER NOT NULL, epoch INTEGER NOT NULL, created REAL NOT NULL,
         started REAL, ended REAL, end_reason TEXT, exit_code INTEGER, stopping INTEGER NOT NULL DEFAULT 0,
-        resume INTEGER NOT NULL DEFAULT 0, devices TEXT);
+        resume INTEGER NOT NULL DEFAULT 0, devices TEXT, log_tail TEXT);
     CREATE INDEX attempts_job ON attempts (job_id, seq);
     CREATE INDEX attempts_open ON attempts (ended);
     CREATE TABLE events (

@@ -115,12 +115,13 @@ async def latest_log(ctl: Controller, row: dict[str, Any], tail: int) -> tuple[s
     attempt = attempts[-1]
     node_id = next(iter(attempt["placement"]))
     node = ctl.state.nodes.get(node_id)
+    stored = (attempt.get("log_tail") or "")[-tail:]
     if node is None or not node.workdir:
-        return attempt["id"], ""
+        return attempt["id"], stored
     try:
         return attempt["id"], await ctl.executor.logs(ctl.target(node_id), attempt["id"], tail)
-    except ExecutorError as exc:
-        return attempt["id"], f"(log not available: {exc})"
+    except ExecutorError as exc:  # the node is gone or forgot it: the tail its agent sent at the end
+        return attempt["id"], stored or f"(log not available: {exc})"
 
 
 def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,348 @@
+"""The job-side runtime: phase timing, iteration counting, progress, profiling and checkpoint-on-request.
+
+Settings come from `HOPS_*` environment variables set by the node wrapper; with none set the script
+runs standalone and writes no files. A checkpoint request (SIGUSR1, SIGTERM, or the file
+`<attempt dir>/checkpoint.request`) only sets a flag; the next `step()` saves a checkpoint and exits
+with `EXIT_CHECKPOINTED`. In profile mode `step()` writes `profile.json` after the requested number of
+iterations and exits 0 without a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hopsmgr.runtime import checkpoint
+from hopsmgr.runtime.files import atomic_write_json
+from hopsmgr.runtime.stats import mean, two_means
+
+EXIT_CHECKPOINTED = 75
+PHASES = ("data", "forward", "backward", "update", "comm", "wait")
+MODES = ("run", "profile")
+REQUEST_FILE = "checkpoint.request"
+PROGRESS_FILE = "progress.json"
+PROFILE_FILE = "profile.json"
+PROGRESS_INTERVAL_S = 0.5
+PACE_WINDOW = 20
+WARMUP_ITERS = 2
+DEFAULT_PROFILE_ITERS = 20
+
+
+def cuda_sync() -> None:
+    """`torch.cuda.synchronize()` when torch is already imported and CUDA is initialised; else nothing.
+
+    Never imports torch itself.
+    """
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is None:
+        return
+    initialised = getattr(cuda, "is_initialized", None)
+    if cuda.is_available() and (initialised is None or initialised()):
+        cuda.synchronize()
+
+
+def _finite(x: float) -> float:
+    return float(x) if math.isfinite(x) else 0.0
+
+
+def _env_int(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be >= {minimum}")
+    return value
+
+
+def _env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number")
+    return value
+
+
+def _env_path(env: Mapping[str, str], name: str) -> Path | None:
+    raw = env.get(name, "")
+    return Path(raw) if raw else None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the wrapper told this process (all optional)."""
+
+    job_id: str | None = None
+    attempt_id: str | None = None
+    attempt_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+    mode: str = "run"
+    profile_iters: int = DEFAULT_PROFILE_ITERS
+    gpus: int = 1
+    lr_scale: float = 1.0
+    emulated_speed: float = 1.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read `HOPS_*` variables; a malformed value raises ValueError naming the variable."""
+        env = os.environ if env is None else env
+        mode = env.get("HOPS_MODE", "").strip() or "run"
+        if mode not in MODES:
+            raise ValueError(f"HOPS_MODE={mode!r} must be one of {', '.join(MODES)}")
+        return cls(
+            job_id=env.get("HOPS_JOB_ID") or None,
+            attempt_id=env.get("HOPS_ATTEMPT_ID") or None,
+            attempt_dir=_env_path(env, "HOPS_ATTEMPT_DIR"),
+            checkpoint_dir=_env_path(env, "HOPS_CHECKPOINT_DIR"),
+            mode=mode,
+            profile_iters=_env_int(env, "HOPS_PROFILE_ITERS", DEFAULT_PROFILE_ITERS, 1),
+            gpus=_env_int(env, "HOPS_GPUS", 1, 1),
+            lr_scale=_env_float(env, "HOPS_LR_SCALE", 1.0),
+            emulated_speed=_env_float(env, "HOPS_EMULATED_SPEED", 1.0),
+        )
+
+
+@dataclass
+class _Step:
+    seconds: float
+    samples: float
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+class Runtime:
+    """One training process's link to hopsmgr. Build it with `Runtime.from_env()` (or `init()`)."""
+
+    def __init__(self, settings: Settings | None = None, *, install_signals: bool = True) -> None:
+        self._s = settings or Settings()
+        self._iteration = 0
+        self._start_iteration = 0
+        self._samples = 0.0
+        self._requested = False
+        self._recent: deque[_Step] = deque(maxlen=PACE_WINDOW)
+        self._profiled: list[_Step] = []
+        self._current: dict[str, float] = {}
+        self._first_phase_t0: float | None = None
+        self._iter_start = time.perf_counter()
+        self._last_progress = -math.inf
+        self._sync = self._s.mode == "profile"
+        if self._s.attempt_dir is not None:
+            self._s.attempt_dir.mkdir(parents=True, exist_ok=True)
+        if install_signals:
+            self._install_signals()
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, install_signals: bool = True) -> Runtime:
+        return cls(Settings.from_env(env), install_signals=install_signals)
+
+    # --- read-only facts -------------------------------------------------------------------------
+    @property
+    def settings(self) -> Settings:
+        return self._s
+
+    @property
+    def mode(self) -> str:
+        return self._s.mode
+
+    @property
+    def gpus(self) -> int:
+        return self._s.gpus
+
+    @property
+    def lr_scale(self) -> float:
+        return self._s.lr_scale
+
+    @property
+    def emulated_speed(self) -> float:
+        return self._s.emulated_speed
+
+    @property
+    def iteration(self) -> int:
+        """Absolute iteration count: resumed iterations plus the steps of this process."""
+        return self._iteration
+
+    @property
+    def checkpoint_requested(self) -> bool:
+        if self._requested:
+            return True
+        d = self._s.attempt_dir
+        return d is not None and (d / REQUEST_FILE).exists()
+
+    # --- signals ---------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._requested = True
+
+    def _install_signals(self) -> None:
+        """SIGTERM and SIGUSR1 set the request flag.
+
+        SIGUSR1 stays blocked in this thread (the wrapper starts jobs with it blocked) and a daemon
+        thread takes it with `sigwait`, so processes the job later starts inherit the block and survive
+        a checkpoint request sent to the whole process group. The handler also covers delivery to
+        threads that had it unblocked before the runtime started.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        if hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigwait"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+            threading.Thread(target=self._sigwait, name="hopsmgr-sigusr1", daemon=True).start()
+
+    def _sigwait(self) -> None:
+        while True:
+            signal.sigwait({signal.SIGUSR1})
+            self._requested = True
+
+    def request_checkpoint(self) -> None:
+        """Ask for a checkpoint-and-exit at the next `step()` (what SIGUSR1 does)."""
+        self._requested = True
+
+    # --- the training loop -----------------------------------------------------------------------
+    def resume(self) -> tuple[int, Any]:
+        """Load the newest verified checkpoint: (iteration, state), or (0, None) when there is none."""
+        if self._iteration != self._start_iteration:
+            raise RuntimeError("resume() must be called before the first step()")
+        found = checkpoint.load_latest(self._s.checkpoint_dir)
+        it, state = found if found is not None else (0, None)
+        self._iteration = self._start_iteration = it
+        self._iter_start = time.perf_counter()
+        return it, state
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time one phase of the current iteration (data, forward, backward, update, comm, wait)."""
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; expected one of {', '.join(PHASES)}")
+        t0 = time.perf_counter()
+        if self._first_phase_t0 is None:
+            self._first_phase_t0 = t0
+        try:
+            yield
+        finally:
+            if self._sync:
+                cuda_sync()
+            self._current[name] = self._current.get(name, 0.0) + time.perf_counter() - t0
+
+    def step(self, samples: float = 0.0, state: Callable[[], Any] | None = None) -> None:
+        """Count one finished iteration of `samples` samples.
+
+        May not return: exits 0 when profiling is done, or saves `state()` and exits
+        `EXIT_CHECKPOINTED` when a checkpoint was requested.
+        """
+        now = time.perf_counter()
+        # the first iteration of a process starts at its first phase (not at setup) when phases are used
+        begin = self._iter_start
+        if not self._recent and self._first_phase_t0 is not None:
+            begin = self._first_phase_t0
+        rec = _Step(now - begin, float(samples), self._current)
+        self._current = {}
+        self._first_phase_t0 = None
+        self._iter_start = now
+        self._iteration += 1
+        self._samples += rec.samples
+        self._recent.append(rec)
+        if self._s.mode == "profile":
+            self._profiled.append(rec)
+            if len(self._profiled) >= self._s.profile_iters:
+                self._write_profile()
+                self._write_progress()
+                sys.exit(0)
+        if self.checkpoint_requested:
+            self._checkpoint_and_exit(state)
+        if now - self._last_progress >= PROGRESS_INTERVAL_S:
+            self._write_progress()
+
+    def save_checkpoint(self, state: Any) -> Path | None:
+        """Save `state` at the current iteration now; None when no checkpoint directory is set."""
+        if self._s.checkpoint_dir is None:
+            return None
+        return checkpoint.save(self._s.checkpoint_dir, self._iteration, state)
+
+    def finish(self) -> None:
+        """Write the final progress record."""
+        self._write_progress()
+
+    def _checkpoint_and_exit(self, state: Callable[[], Any] | None) -> None:
+        if self._s.mode == "run":
+            saved = self.save_checkpoint(state() if state is not None else None)
+            where = f"to {saved}" if saved else "(no HOPS_CHECKPOINT_DIR: nothing saved)"
+            print(f"hopsmgr: checkpoint at iteration {self._iteration} {where}", file=sys.stderr)
+        self._write_progress()
+        sys.exit(EXIT_CHECKPOINTED)
+
+    # --- records ---------------------------------------------------------------------------------
+    def progress(self) -> dict[str, Any]:
+        """The record `progress.json` holds."""
+        recent = list(self._recent)
+        seconds = sum(r.seconds for r in recent)
+        return {
+            "iteration": self._iteration,
+            "start_iteration": self._start_iteration,
+            "samples": self._samples,
+            "samples_per_s": _finite(sum(r.samples for r in recent) / seconds) if seconds > 0 else 0.0,
+            "iteration_s": _finite(mean([r.seconds for r in recent])),
+            "td_s": _finite(mean([r.phases.get("data", 0.0) for r in recent])),
+            "tw_s": _finite(mean([r.phases.get("wait", 0.0) for r in recent])),
+            "time": time.time(),
+            "mode": self._s.mode,
+        }
+
+    def profile(self) -> dict[str, Any]:
+        """The record `profile.json` holds: phase means over the steps after the warm-up."""
+        steps = self._profiled[WARMUP_ITERS:] if len(self._profiled) > WARMUP_ITERS else self._profiled
+
+        def phase_mean(name: str) -> float:
+            return _finite(mean([s.phases.get(name, 0.0) for s in steps]))
+
+        split = two_means([s.phases.get("data", 0.0) for s in steps])
+        seconds = sum(s.seconds for s in steps)
+        return {
+            "iterations": len(self._profiled),
+            "measured": len(steps),
+            "tf_s": phase_mean("forward"),
+            "tb_s": phase_mean("backward"),
+            "tu_s": phase_mean("update"),
+            "tc_s": phase_mean("comm"),
+            "tw_s": phase_mean("wait"),
+            "td_s": phase_mean("data"),
+            "td_hit_s": _finite(split.hit_s),
+            "td_miss_s": _finite(split.miss_s),
+            "p_cache": _finite(split.p_cache),
+            "iteration_s": _finite(mean([s.seconds for s in steps])),
+            "samples_per_s": _finite(sum(s.samples for s in steps) / seconds) if seconds > 0 else 0.0,
+            "gpus": self._s.gpus,
+            "emulated_speed": self._s.emulated_speed,
+        }
+
+    def _write_progress(self) -> None:
+        self._last_progress = time.perf_counter()
+        if self._s.attempt_dir is not None:
+            atomic_write_json(self._s.attempt_dir / PROGRESS_FILE, self.progress(), durable=False)
+
+    def _write_profile(self) -> None:
+        if self._s.attempt_dir is not None:
+            atomic_write_json(self._s.attempt_dir / PROFILE_FILE, self.profile())
+
+
+def init(env: Mapping[str, str] | None = None, *, install_signals: bool = True) -> Runtime:
+    """`Runtime.from_env`: the usual way a training script starts."""
+    return Runtime.from_env(env, install_signals=install_signals)

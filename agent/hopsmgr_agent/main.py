@@ -142,6 +142,11 @@ class Agent:
         finally:
             self.stopping.discard(attempt)
 
+    @property
+    def max_backoff_s(self) -> float:
+        """Retry at least every two intervals, so a restarted master sees us within its grace period."""
+        return min(30.0, max(1.0, 2 * self.interval_s))
+
     async def beat(self, session: aiohttp.ClientSession) -> None:
         body = await asyncio.to_thread(self.report)
         url = f"{self.config.master}/api/v1/agents/heartbeat"
@@ -172,11 +177,11 @@ class Agent:
                     log.error(
                         "heartbeat_refused", status=exc.status, message=exc.message, node=self.config.node
                     )
-                    delay = backoff = min(backoff * 2, 30.0)
+                    delay = backoff = min(backoff * 2, self.max_backoff_s)
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError, WireError, ValueError) as exc:
                     log.warning("heartbeat_failed", error=repr(exc), node=self.config.node, retry_s=backoff)
                     delay = backoff
-                    backoff = min(backoff * 2, 30.0)
+                    backoff = min(backoff * 2, self.max_backoff_s)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay * random.uniform(0.9, 1.1))
 

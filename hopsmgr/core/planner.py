@@ -20,7 +20,7 @@ from typing import Literal
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import ilp
+from hopsmgr.core import ilp, quota
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.priority import PriorityContext, ilp_weights, order_queue, priority_values
@@ -194,8 +194,12 @@ def _plan(
 
     ctx = priority_context(snapshot, estimator)
     values = priority_values(settings.priority, snapshot.jobs, ctx)
+    owed = quota.entitled(snapshot.jobs, snapshot.tenants, values)
     ordered = order_queue(snapshot.jobs, values)
+    ordered = [v for v in ordered if v.id in owed] + [v for v in ordered if v.id not in owed]
     weights = ilp_weights(values, settings.lambda_)
+    for jid in owed:
+        weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]
     unplaceable: dict[JobId, str] = {}
     for view in ordered:
@@ -234,6 +238,10 @@ def _plan(
             if (q := snapshot.tenants.get(t)) is not None and q.cap_gpus is not None and n > q.cap_gpus
         }
         fixed = {jid: c for jid, c in fixed.items() if by_id[jid].spec.tenant not in over}
+        if quota.reclaim_wanted(snapshot.jobs, owed):  # an owner waits: borrowed GPUs lose the quantum
+            lent = quota.borrowers(snapshot.jobs, owed)
+            fixed = {jid: c for jid, c in fixed.items() if jid not in lent}
+        fixed = _within_capacity(fixed, capacity, values)
         free = dict(capacity)
         for config in fixed.values():
             for sid, g in config.parts:
@@ -304,6 +312,27 @@ def snapshot_job(snapshot: ClusterSnapshot, job_id: JobId) -> JobSpec:
         if v.id == job_id:
             return v.spec
     raise KeyError(job_id)
+
+
+def _within_capacity(
+    fixed: dict[JobId, Config], capacity: Mapping[ServerId, int], priority: Mapping[JobId, float]
+) -> dict[JobId, Config]:
+    """Protected placements that fit the capacity (it can shrink: profiling runs, drains); where they
+    do not, the lowest-priority ones lose their protection."""
+    kept = dict(fixed)
+    used: dict[ServerId, int] = {}
+    for config in kept.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    for jid in sorted(kept, key=lambda j: (priority.get(j, 0.0), j)):
+        config = kept[jid]
+        if all(used[sid] <= capacity.get(sid, 0) for sid, _ in config.parts):
+            continue
+        if any(used[sid] > capacity.get(sid, 0) for sid, _ in config.parts):
+            del kept[jid]
+            for sid, g in config.parts:
+                used[sid] -= g
+    return kept
 
 
 def restart_factor(settings: SchedulerSettings, restart_s: float) -> float:

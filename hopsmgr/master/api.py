@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
 from aiohttp import web
 
 from hopsmgr.core.lifecycle import JobState
@@ -35,6 +36,7 @@ from hopsmgr.protocol import (
     table,
 )
 
+log = structlog.get_logger("hopsmgr.master")
 MAX_BODY = 64 * 1024
 CTL = web.AppKey("controller", Controller)
 LOOP = web.AppKey("rounds", RoundLoop)
@@ -74,6 +76,9 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if exc.status >= 400:
             return error_response(exc.status, None, exc.reason)
         raise
+    except Exception as exc:  # a bug: answer in the documented shape, log it, keep serving
+        log.exception("request_failed", path=request.path, error=repr(exc))
+        return error_response(500, None, "internal error (logged by the master)")
 
 
 def principal(request: web.Request, *, agent: bool = False) -> Principal:
@@ -107,8 +112,8 @@ async def body(request: web.Request) -> Any:
         raise RequestError(413, None, f"request body larger than {MAX_BODY} bytes")
     try:
         return json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(400, None, f"body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, huge integers, deep nesting
+        raise RequestError(400, None, f"body is not valid JSON: {str(exc)[:200]}") from None
 
 
 def parse_submission(raw: Any) -> Submission:
@@ -141,15 +146,29 @@ def parse_submission(raw: Any) -> Submission:
         command=tuple(command),
         gpus=tuple(gpus),
         batch_size=integer(doc["batch_size"], "batch_size", 1, 1 << 24),
-        iterations=number(doc["iterations"], "iterations", positive=True) if has_iters else None,
-        samples=number(doc["samples"], "samples", positive=True) if has_samples else None,
+        iterations=_work(doc, "iterations") if has_iters else None,
+        samples=_work(doc, "samples") if has_samples else None,
         name=name,
         tenant=None if tenant is None else string(tenant, "tenant", pattern=ID_RE),
-        params=number(doc.get("params", 0), "params", 0.0),
+        params=_bounded(number(doc.get("params", 0), "params", 0.0), "params", MAX_PARAMS),
         workdir=workdir,
         env=env,
         launcher=launcher,
     )
+
+
+MAX_WORK = 1e15  # iterations or samples: far above any real job, far below float overflow
+MAX_PARAMS = 1e13
+
+
+def _bounded(value: float, field: str, high: float) -> float:
+    if value > high:
+        raise WireError(field, f"must be <= {high:g}, got {value:g}")
+    return value
+
+
+def _work(doc: Any, field: str) -> float:
+    return _bounded(number(doc[field], field, positive=True), field, MAX_WORK)
 
 
 def job_id(request: web.Request) -> str:
@@ -218,9 +237,10 @@ async def show_job(request: web.Request) -> web.Response:
 
 
 async def cancel_job(request: web.Request) -> web.Response:
+    who = principal(request)
     ctl = request.app[CTL]
     jid = job_id(request)
-    ctl.cancel(principal(request), jid)
+    ctl.cancel(who, jid)
     return web.json_response(views.job_summary(ctl, ctl.visible(Principal("", "", admin=True), jid)))
 
 

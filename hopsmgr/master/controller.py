@@ -214,7 +214,7 @@ class Controller:
                     name=sub.name,
                     params_bytes=sub.params * 4.0,
                     submit_time=now,
-                    restart_s=30.0 + sub.params * 4.0 / 200e6,  # checkpoint write + read at ~200 MB/s
+                    restart_s=10.0 + sub.params * 4.0 * 2 / 200e6,  # start-up + checkpoint write and read
                 )
             except ModelError as exc:
                 raise RequestError(400, None, str(exc)) from exc
@@ -372,6 +372,8 @@ class Controller:
                 )
         elif reason in ("exited", "launch_error"):
             failed = True
+            if code == 0:
+                tail = "it exited 0 without writing a profile: the command must use hopsmgr.runtime"
         if failed and job.state in (JobState.PENDING, JobState.PROFILING):
             how = "could not start" if reason == "launch_error" else f"failed (exit {code})"
             message = f"profiling run on {node.id} {how}: {tail[-1500:]}".strip()
@@ -397,8 +399,9 @@ class Controller:
         checkpointed: bool,
         tail: str,
     ) -> None:
-        if job.attempt == attempt.id:
-            job.attempt = None
+        if job.attempt != attempt.id:
+            return  # not the job's current attempt (the unused half of a move): nothing to decide
+        job.attempt = None
         if job.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
             return
         lost = reason in ("node_lost", "vanished", "launch_failed")
@@ -520,9 +523,8 @@ class Controller:
         self.store.update_attempt(attempt.id, started=attempt.started)
         job = self.state.jobs.get(attempt.job_id)
         if job is not None and job.state == JobState.LAUNCHING and not attempt.profiling:
-            self._set(
-                job, JobState.RUNNING, "adopted", f"attempt {attempt.id} found running on {attempt.primary}"
-            )
+            kind = "adopted" if attempt.created < self.started else "started"
+            self._set(job, JobState.RUNNING, kind, f"{attempt.id} reported running by {attempt.primary}")
 
     def _finished(self, attempt: AttemptRecord, fin: FinishedAttempt) -> None:
         if fin.code is None and fin.signal is None and not fin.checkpointed:

@@ -50,7 +50,7 @@ class RoundLoop:
             now = time.monotonic()
             if now >= next_first:
                 next_first = now + interval
-                await self.round("first")
+                await self._safe_round("first")
                 continue
             self.ctl.wake.clear()
             try:
@@ -58,7 +58,17 @@ class RoundLoop:
             except asyncio.TimeoutError:
                 continue
             await asyncio.sleep(0.2)  # let a burst of events settle into one fragment plan
-            await self.round("fragment" if self.policy.fragment_plans else "first")
+            await self._safe_round("fragment" if self.policy.fragment_plans else "first")
+
+    async def _safe_round(self, kind: PlanKind) -> None:
+        """A round that fails (a bug) is logged and skipped; the next one starts from fresh state."""
+        try:
+            await self.round(kind)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("round_failed", kind=kind, error=repr(exc))
+            await asyncio.sleep(1.0)
 
     async def health(self) -> None:
         while True:
@@ -75,7 +85,13 @@ class RoundLoop:
         t0 = time.perf_counter()
         now = ctl.clock()
         snapshot, to_profile, _ = build_snapshot(ctl.state, now)
-        waited = {j.id for j in to_profile if now - j.submit_time >= ctl.config.scheduler.round_seconds}
+        # A new job that found no idle GPU for a whole round may take one from running work.
+        round_s = ctl.config.scheduler.round_seconds
+        waited = {
+            j.id
+            for j in to_profile
+            if now - j.submit_time >= round_s and ctl.state.jobs[j.id].state == JobState.PENDING
+        }
         ctl.deferred = []
         try:
             plan, runs = await asyncio.get_running_loop().run_in_executor(
@@ -241,6 +257,9 @@ class RoundLoop:
                 )
             else:
                 ctl.state.event(job, now, "profiling", f"{attempt.id} on {action.config}")
+        elif job.state == JobState.CHECKPOINTING:
+            # a move: the new attempt holds its GPUs now; the job launches once its checkpoint is written
+            ctl.state.event(job, now, "moving", f"{attempt.id} on {action.config} after its checkpoint")
         else:
             job.attempt = attempt.id
             ctl.state.set_job_state(
@@ -259,6 +278,14 @@ class RoundLoop:
             if attempt.id in ctl.state.attempts:
                 ctl.end_attempt(attempt, reason="cancelled")
             return
+        if not attempt.profiling and job.attempt != attempt.id:  # the second half of a move
+            if job.state != JobState.QUEUED or job.attempt is not None:
+                ctl.end_attempt(attempt, reason="not_needed", message=f"job is {job.state.value}")
+                return
+            job.attempt = attempt.id
+            ctl.state.set_job_state(
+                job, JobState.LAUNCHING, ctl.clock(), "launching", f"{attempt.id} on {attempt.placement}"
+            )
         parts = attempt.placement.parts
         try:
             for rank, (node_id, gpus) in enumerate(parts):

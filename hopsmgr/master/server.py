@@ -93,7 +93,13 @@ def make_executor(config: ClusterConfig) -> Executor:
 class MasterProcess:
     """One running master: build with `start`, stop with `stop` (used by main and by tests in-process)."""
 
-    def __init__(self, config: ClusterConfig, state_dir: Path, listen: str | None = None) -> None:
+    def __init__(
+        self,
+        config: ClusterConfig,
+        state_dir: Path,
+        listen: str | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         if listen:
             config = replace(config, master=replace(config.master, listen=listen))
         self.config = config
@@ -103,6 +109,7 @@ class MasterProcess:
         self.ctl: Controller | None = None
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
+        self.executor = executor
 
     async def start(self) -> str:
         tls = check_listen(self.config)
@@ -110,7 +117,7 @@ class MasterProcess:
         store = Store(self.state_dir / "state.db")
         m = self.config.master
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
-        ctl = Controller(self.config, store, make_executor(self.config))
+        ctl = Controller(self.config, store, self.executor or make_executor(self.config))
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))

@@ -82,6 +82,9 @@ class LocalCluster:
         info = self.state_dir / "master.json"
         if info.exists():
             info.unlink()
+        listen = (
+            ["--listen", f"127.0.0.1:{self.url.rsplit(':', 1)[1]}"] if self.url else []
+        )  # same port again
         with open(self.root / "master.log", "ab") as log:  # the child keeps its own descriptor
             self.master = subprocess.Popen(
                 [
@@ -94,6 +97,7 @@ class LocalCluster:
                     "--state-dir",
                     str(self.state_dir),
                     "--json-logs",
+                    *listen,
                 ],
                 stdout=log,
                 stderr=log,

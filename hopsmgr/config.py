@@ -15,6 +15,7 @@ Schema (every table except the servers is optional)::
     gpu_type = "v100"         # lowercase name, [a-z0-9][a-z0-9_.-]*
     gpus = 8                  # 1..64
     host_model = "r740"       # optional; servers of one type and host model form a class
+    address = "10.0.0.11"     # optional, for the SSH executor (default: the id); ssh_port, ssh_user
     order = 1                 # optional adjacency order (rack position); default: 1-based position
     [servers.calibration]     # optional hints until the agent measures (all > 0): compute_factor,
     compute_factor = 1.05     #   memory_factor, data_factor, link_gbps, net_gbps (GB/s)
@@ -87,7 +88,18 @@ _ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _CALIBRATION_KEYS = ("compute_factor", "memory_factor", "data_factor", "link_gbps", "net_gbps")
 _TOP_KEYS = ("cluster", "servers", "server_groups", "scheduler", "tenants", "master")
-_SERVER_KEYS = ("id", "gpu_type", "gpus", "host_model", "order", "calibration")
+_SERVER_KEYS = (
+    "id",
+    "gpu_type",
+    "gpus",
+    "host_model",
+    "order",
+    "calibration",
+    "address",
+    "ssh_port",
+    "ssh_user",
+)
+_HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _GROUP_KEYS = ("prefix", "count", "gpu_type", "gpus", "host_model", "order", "calibration")
 _TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight")
 _MAX_REPR = 120
@@ -124,6 +136,15 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class NodeAccess:
+    """How the master reaches a server over SSH (the master's executor = "ssh")."""
+
+    address: str
+    ssh_port: int = 22
+    ssh_user: str = ""  # default: the master's own user
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """A whole cluster as configured: servers, scheduler knobs, tenant quotas, and where it came from."""
 
@@ -133,6 +154,10 @@ class ClusterConfig:
     tenants: tuple[TenantQuota, ...]
     source: str = "<inline>"
     master: MasterSettings = field(default_factory=MasterSettings)
+    access: Mapping[str, NodeAccess] = field(default_factory=dict)
+
+    def node_access(self, server_id: str) -> NodeAccess:
+        return self.access.get(server_id) or NodeAccess(server_id)
 
     def tenant_map(self) -> dict[str, TenantQuota]:
         return {t.name: t for t in self.tenants}
@@ -218,11 +243,11 @@ class _Parser:
     def document(self, data: object) -> ClusterConfig:
         doc = self.table(data, "", _TOP_KEYS)
         name = self.cluster_name(doc.get("cluster", MISSING))
-        servers = self.servers(doc)
+        servers, access = self.servers(doc)
         scheduler = self.scheduler(doc.get("scheduler", MISSING))
         tenants = self.tenants(doc.get("tenants", MISSING), sum(s.gpus for s in servers))
         master = self.settings(doc.get("master", MISSING), "master", MasterSettings)
-        return ClusterConfig(name, servers, scheduler, tenants, self.source, master)
+        return ClusterConfig(name, servers, scheduler, tenants, self.source, master, access)
 
     def cluster_name(self, raw: object) -> str:
         default = Path(self.source).stem if not self.source.startswith("<") else "cluster"
@@ -258,7 +283,14 @@ class _Parser:
         except ModelError as exc:  # pragma: no cover - the checks above already reject these values
             self.fail(id_key, sid, str(exc))
 
-    def servers(self, doc: Mapping[str, Any]) -> tuple[Server, ...]:
+    def access(self, sid: str, table: Mapping[str, Any], key: str) -> NodeAccess:
+        address = self.string(table.get("address", sid), f"{key}.address", _HOST_RE, "a host name or address")
+        port = self.integer(table.get("ssh_port", 22), f"{key}.ssh_port", 1, 65535)
+        user = self.string(table.get("ssh_user", ""), f"{key}.ssh_user")
+        return NodeAccess(address, port, user)
+
+    def servers(self, doc: Mapping[str, Any]) -> tuple[tuple[Server, ...], dict[str, NodeAccess]]:
+        access: dict[str, NodeAccess] = {}
         result: list[Server] = []
         first_key: dict[str, str] = {}
 
@@ -274,6 +306,7 @@ class _Parser:
             sid = self.string(self.required(table, key, "id"), f"{key}.id", _ID_RE)
             order = self.integer(table.get("order", len(result) + 1), f"{key}.order", 0)
             add(self.server(sid, table, key, order, f"{key}.id"), f"{key}.id")
+            access[sid] = self.access(sid, table, key)
 
         groups = self.array_of_tables(doc.get("server_groups", MISSING), "server_groups")
         for i, raw in enumerate(groups):
@@ -288,7 +321,7 @@ class _Parser:
 
         if not result:
             self.fail("servers", doc.get("servers", MISSING), "at least one server is required")
-        return tuple(result)
+        return tuple(result), access
 
     def scheduler(self, raw: object) -> SchedulerSettings:
         return self.settings(raw, "scheduler", SchedulerSettings, {"lambda_": "lambda"})

@@ -29,6 +29,12 @@ class MasterSettings:
     lost_after_s: float = 60.0
     stop_grace_s: float = 60.0  # how long a checkpoint-and-stop may take before the job is killed
     log_tail_bytes: int = 4096
+    ssh_key: str = ""  # private key file for the SSH executor (default: ~/.ssh/id_ed25519)
+    known_hosts: str = ""  # host keys of the nodes (default: <state_dir>/known_hosts); never disabled
+    remote_python: str = "python3"  # interpreter on the nodes that has hopsmgr installed
+    ssh_connect_timeout_s: float = 10.0
+    ssh_keepalive_s: float = 15.0
+    ssh_max_channels: int = 8  # concurrent commands per node connection
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -51,6 +57,14 @@ class MasterSettings:
             raise bad("stop_grace_s", "must be > 0")
         if not 0 <= self.log_tail_bytes <= 1 << 20:
             raise bad("log_tail_bytes", "must be in [0, 1048576]")
+        if not self.ssh_connect_timeout_s > 0:
+            raise bad("ssh_connect_timeout_s", "must be > 0")
+        if not self.ssh_keepalive_s > 0:
+            raise bad("ssh_keepalive_s", "must be > 0")
+        if not 1 <= self.ssh_max_channels <= 64:
+            raise bad("ssh_max_channels", "must be in [1, 64]")
+        if not self.remote_python.strip():
+            raise bad("remote_python", "must not be empty")
 
     @property
     def host(self) -> str:

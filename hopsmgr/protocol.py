@@ -232,6 +232,10 @@ def _calibration(value: object) -> dict[str, float]:
     return {k: number(v, f"calibration.{k}", positive=True) for k, v in raw.items()}
 
 
+def _no_nul(value: object) -> object:
+    return value.replace("\x00", "\ufffd") if isinstance(value, str) else value
+
+
 def _running(value: object, name: str) -> RunningAttempt:
     raw = table(value, name, _RUNNING_KEYS, ("attempt", "job"))
     return RunningAttempt(
@@ -252,7 +256,8 @@ def _finished(value: object, name: str) -> FinishedAttempt:
         checkpointed=boolean(raw.get("checkpointed", False), f"{name}.checkpointed"),
         profile=None if profile is None else number_map(profile, f"{name}.profile"),
         progress=parse_progress(raw.get("progress"), f"{name}.progress"),
-        log_tail=string(raw.get("log_tail", ""), f"{name}.log_tail", max_len=1 << 16),
+        # a job's output may hold NUL bytes: they are replaced, never a reason to refuse the beat
+        log_tail=string(_no_nul(raw.get("log_tail", "")), f"{name}.log_tail", max_len=1 << 16),
     )
 
 

@@ -272,8 +272,20 @@ def cmd_logs(args: argparse.Namespace, client: ApiClient) -> int:
     return 0
 
 
+def _check_nodes(args: argparse.Namespace) -> None:
+    if args.action is not None and not args.node:
+        raise UsageError(f"nodes {args.action}: a node id is required")
+    if args.action is None and args.node:
+        raise UsageError(f"nodes: unexpected argument {args.node!r} (use `nodes show NODE`)")
+
+
 def cmd_nodes(args: argparse.Namespace, client: ApiClient) -> int:
-    return _emit(args, client.get(f"{API}/nodes"), lambda d: render.nodes_table(d.get("nodes") or []))
+    if args.action is None:
+        return _emit(args, client.get(f"{API}/nodes"), lambda d: render.nodes_table(d.get("nodes") or []))
+    if args.action == "show":
+        return _emit(args, client.get(_node_path(args.node, "")), lambda d: render.nodes_table([d]))
+    doc = client.post(_node_path(args.node, "/calibrate"))
+    return _emit(args, doc, lambda d: f"{d.get('id')}: calibration requested (runs at its next heartbeat)")
 
 
 def _drain_text(doc: dict[str, Any]) -> str:
@@ -436,7 +448,16 @@ def register(subparsers: Any) -> None:
         "-f", "--follow", action="store_true", help="keep printing new output until the job ends"
     )
 
-    _add(subparsers, "nodes", cmd_nodes, "list the nodes", common)
+    nodes = _add(
+        subparsers,
+        "nodes",
+        cmd_nodes,
+        "list the nodes; `nodes show NODE`, `nodes calibrate NODE`",
+        common,
+        check=_check_nodes,
+    )
+    nodes.add_argument("action", nargs="?", choices=["show", "calibrate"], help="act on one node")
+    nodes.add_argument("node", nargs="?", help="node id (with show or calibrate)")
     for name, func, help_text in (
         ("drain", cmd_drain, "stop placing jobs on a node (admin)"),
         ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),

@@ -282,6 +282,13 @@ def _drain(drained: bool) -> Handler:
     return handler
 
 
+async def calibrate_node(request: web.Request) -> web.Response:
+    admin(request)
+    ctl = request.app[CTL]
+    node = ctl.request_calibration(request.match_info["node"])
+    return web.json_response({**views.node_view(ctl, node), "calibration_requested": True})
+
+
 async def tenants(request: web.Request) -> web.Response:
     who = principal(request)
     ctl = request.app[CTL]
@@ -350,6 +357,7 @@ def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str) -> web.Applic
     r.add_get("/api/v1/nodes/{node}", show_node)
     r.add_post("/api/v1/nodes/{node}/drain", _drain(True))
     r.add_post("/api/v1/nodes/{node}/undrain", _drain(False))
+    r.add_post("/api/v1/nodes/{node}/calibrate", calibrate_node)
     r.add_get("/api/v1/tenants", tenants)
     r.add_get("/api/v1/cluster", cluster)
     r.add_post("/api/v1/tokens", create_token)

@@ -492,7 +492,10 @@ class Controller:
             self._vanished(node, reported, first, now)
         self.heartbeats += 1
         self.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
-        return HeartbeatReply(self.epoch, self.settings.heartbeat_interval_s, tuple(ack), tuple(stop))
+        calibrate, node.calibrate_requested = node.calibrate_requested, False
+        return HeartbeatReply(
+            self.epoch, self.settings.heartbeat_interval_s, tuple(ack), tuple(stop), calibrate=calibrate
+        )
 
     def _update_node(self, node: NodeRecord, beat: Heartbeat, now: float) -> bool:
         if node.health in (NodeHealth.LOST, NodeHealth.SUSPECT):
@@ -574,6 +577,14 @@ class Controller:
             elif since > self.settings.suspect_after_s and node.health == NodeHealth.HEALTHY:
                 node.health = NodeHealth.SUSPECT
                 log.warning("node_suspect", node=node.id, since_s=round(since, 1))
+
+    def request_calibration(self, node_id: str) -> NodeRecord:
+        node = self.state.nodes.get(node_id)
+        if node is None:
+            raise RequestError(404, "node", f"no node {node_id!r}")
+        node.calibrate_requested = True
+        log.info("calibration_requested", node=node_id)
+        return node
 
     def set_drained(self, node_id: str, drained: bool) -> NodeRecord:
         node = self.state.nodes.get(node_id)

@@ -134,6 +134,9 @@ def openapi_document() -> dict[str, Any]:
             "/api/v1/nodes/{node}": {"get": _op("Show a node", params=[_NODE])},
             "/api/v1/nodes/{node}/drain": {"post": _op("Drain a node (admin)", params=[_NODE])},
             "/api/v1/nodes/{node}/undrain": {"post": _op("Undrain a node (admin)", params=[_NODE])},
+            "/api/v1/nodes/{node}/calibrate": {
+                "post": _op("Run the node's calibration kernels (admin)", params=[_NODE])
+            },
             "/api/v1/tenants": {"get": _op("Tenant quotas and usage")},
             "/api/v1/cluster": {"get": _op("Cluster summary")},
             "/api/v1/tokens": {"post": _op("Create a token (admin)", body=_TOKEN, ok=201)},

@@ -27,6 +27,7 @@ from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
 from hopsmgr.master.rounds import RoundLoop
+from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.master.store import Store
 
 log = structlog.get_logger("hopsmgr.master")
@@ -82,12 +83,12 @@ def check_listen(config: ClusterConfig) -> ssl.SSLContext | None:
     return None
 
 
-def make_executor(config: ClusterConfig) -> Executor:
+def make_executor(config: ClusterConfig, state_dir: Path) -> Executor:
     if config.master.executor == "local":
         return LocalExecutor()
-    raise StartError(
-        f"master.executor = {config.master.executor!r} is not available in this build (use 'local')"
-    )
+    if config.master.executor == "ssh":
+        return SshExecutor(config, state_dir)
+    raise StartError(f"master.executor = {config.master.executor!r} is not available (use 'local' or 'ssh')")
 
 
 class MasterProcess:
@@ -117,7 +118,7 @@ class MasterProcess:
         store = Store(self.state_dir / "state.db")
         m = self.config.master
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
-        ctl = Controller(self.config, store, self.executor or make_executor(self.config))
+        ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))

@@ -223,6 +223,7 @@ class NodeRecord:
     workdir: str = ""
     agent_version: str = ""
     seen: bool = False  # a heartbeat arrived since this master started
+    calibrate_requested: bool = False  # the operator asked for a calibration run (told at the next beat)
 
     @property
     def id(self) -> str:

@@ -68,7 +68,6 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
         "latency_ratio": None if priority is None else priority / weight,
         "est_wait_s": est_wait,
         "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
-        "attempts": None,
         "restarts": job.restarts if job else row["restarts"],
         "reason": job.reason if job else row["reason"],
     }
@@ -77,7 +76,6 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
 def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
     out = job_summary(ctl, row)
     attempts = ctl.store.attempts(row["id"])
-    out["attempts"] = len(attempts)
     out.update(
         command=row["command"],
         env=row["env"],
@@ -91,7 +89,7 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
             {"time": e["time"], "kind": e["kind"], "state": e["state"], "message": e["message"]}
             for e in ctl.store.events(row["id"])
         ],
-        attempt_list=[
+        attempts=[
             {
                 "id": a["id"],
                 "placement": a["placement"],
@@ -104,7 +102,6 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
             for a in attempts
         ],
     )
-    out["attempts"] = out.pop("attempt_list")
     return out
 
 

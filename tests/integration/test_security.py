@@ -45,6 +45,7 @@ ROUTES = [  # every (method, path) the master serves, with a concrete path for t
     ("GET", "/api/v1/nodes/{node}", "/api/v1/nodes/n1"),
     ("POST", "/api/v1/nodes/{node}/drain", "/api/v1/nodes/n1/drain"),
     ("POST", "/api/v1/nodes/{node}/undrain", "/api/v1/nodes/n1/undrain"),
+    ("POST", "/api/v1/nodes/{node}/calibrate", "/api/v1/nodes/n1/calibrate"),
     ("GET", "/api/v1/tenants", "/api/v1/tenants"),
     ("GET", "/api/v1/cluster", "/api/v1/cluster"),
     ("POST", "/api/v1/tokens", "/api/v1/tokens"),
@@ -177,10 +178,11 @@ def test_tenant_isolation(cl: LocalCluster, tokens: dict[str, str], jobs: dict[s
     every = {x["id"] for x in cl.api("GET", "/api/v1/jobs")["jobs"]}
     assert {jobs["ana"], jobs["bo"]} <= every
     assert {t["name"] for t in cl.api("GET", "/api/v1/tenants")["tenants"]} == {"vision", "nlp"}
-    for verb in ("drain", "undrain"):
+    for verb in ("drain", "undrain", "calibrate"):
         status, doc = cl.request("POST", f"/api/v1/nodes/n1/{verb}", {}, ana)
         assert status == 403, doc
-        assert cl.cli(verb, "n2", token=bo, check=False).returncode == 1
+    for args in (("drain", "n2"), ("undrain", "n2"), ("nodes", "calibrate", "n2")):
+        assert cl.cli(*args, token=bo, check=False).returncode == 1
     assert not any(n["drained"] for n in cl.api("GET", "/api/v1/nodes")["nodes"])
 
 

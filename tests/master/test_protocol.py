@@ -49,7 +49,7 @@ progress = st.builds(
             st.booleans(),
             st.none() | st.dictionaries(st.from_regex(r"[a-z_]{1,10}", fullmatch=True), finite, max_size=5),
             st.none() | progress,
-            st.text(st.characters(blacklist_characters='\x00'), max_size=50),
+            st.text(st.characters(blacklist_characters="\x00"), max_size=50),
         ),
         max_size=3,
     ),
@@ -109,5 +109,7 @@ def test_missing_field_and_other_protocol() -> None:
 
 
 def test_nul_bytes_in_a_log_tail_are_replaced_not_refused() -> None:
-    beat = parse_heartbeat({**BASE, "finished": [{"attempt": "a", "job": "j", "code": 1, "log_tail": "x\x00y"}]})
+    beat = parse_heartbeat(
+        {**BASE, "finished": [{"attempt": "a", "job": "j", "code": 1, "log_tail": "x\x00y"}]}
+    )
     assert beat.finished[0].log_tail == "x\ufffdy"

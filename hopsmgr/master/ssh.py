@@ -1,0 +1,279 @@
+"""The SSH executor: the master runs the on-node job wrapper over SSH (asyncssh).
+
+Each command is `<remote_python> -m hopsmgr.node.wrapper <args>`, built by the same `launch_args` /
+`wrapper_args` as the local executor and quoted with `shlex.join`, so a job's argv reaches the node
+verbatim through the remote (POSIX) shell. The wrapper makes every command idempotent per attempt id and
+refuses stale epochs (exit 3).
+
+One connection per node, opened on first use, reused, and opened again once closed (keepalive notices
+a dead peer); at most `ssh_max_channels` commands run at once on it. Authentication is by key only
+(`ssh_key`, default ~/.ssh/id_ed25519: no password, no agent, no forwarding, no ~/.ssh/config) and host
+keys are always checked against `known_hosts` (default <state_dir>/known_hosts), read again on every
+connect. Adding a node's key is an operator's decision: `scan_host_key` shows it, `add_known_host`
+records it once confirmed. Failures raise `ExecutorError` with kind:
+
+    unreachable  refused / no route / DNS / connect timeout / connection lost / command timed out
+    auth         the node refused the key (or the key file cannot be read)
+    hostkey      the node's host key is unknown or differs from known_hosts
+    refused      the wrapper refused the command: stale epoch (exit 3)
+    failed       the wrapper failed (any other non-zero exit, or no exit status)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import structlog
+
+from hopsmgr.config import ClusterConfig
+from hopsmgr.master.executor import (
+    ExecutorError,
+    ExitInfo,
+    LaunchOrder,
+    NodeTarget,
+    exit_info,
+    launch_args,
+    wrapper_args,
+)
+
+log = structlog.get_logger("hopsmgr.master.ssh")
+
+DEFAULT_KEY = Path("~/.ssh/id_ed25519")
+KEEPALIVE_COUNT_MAX = 3
+
+
+@dataclass
+class _Node:
+    """One node's connection, the lock that serialises (re)connecting, and its channel limit."""
+
+    id: str
+    channels: asyncio.Semaphore
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    conn: asyncssh.SSHClientConnection | None = None
+
+
+def classify(exc: BaseException, where: str) -> ExecutorError:
+    """The `ExecutorError` for an exception raised while connecting to or talking with a node."""
+    if isinstance(exc, ExecutorError):
+        return exc
+    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
+        return ExecutorError("hostkey", f"{where}: host key not verified ({exc.reason})")
+    if isinstance(exc, asyncssh.PermissionDenied):
+        return ExecutorError("auth", f"{where}: key refused ({exc.reason})")
+    if isinstance(exc, asyncio.TimeoutError):  # before OSError: TimeoutError is one
+        return ExecutorError("unreachable", f"{where}: timed out")
+    if isinstance(exc, asyncssh.DisconnectError):
+        return ExecutorError("unreachable", f"{where}: disconnected ({exc.reason})")
+    if isinstance(exc, asyncssh.ChannelOpenError):
+        return ExecutorError("unreachable", f"{where}: channel refused ({exc.reason})")
+    if isinstance(exc, OSError):
+        return ExecutorError("unreachable", f"{where}: {exc.strerror or exc}")
+    return ExecutorError("failed", f"{where}: {type(exc).__name__}: {exc}")
+
+
+def parse_reply(
+    exit_status: int | None, stdout: str, stderr: str, exit_signal: str | None = None
+) -> dict[str, Any]:
+    """The wrapper's JSON reply, or the ExecutorError its exit status means (as LocalExecutor reads it)."""
+    try:
+        reply = json.loads(stdout or "{}")
+    except json.JSONDecodeError:
+        reply = {"error": (stdout + stderr)[-500:]}
+    if exit_status != 0:
+        kind = "refused" if exit_status == 3 else "failed"
+        message = reply.get("error") if isinstance(reply, dict) else None
+        if exit_status is None:
+            message = message or f"no exit status (signal {exit_signal or '?'})"
+        raise ExecutorError(kind, str(message or stderr[-500:] or f"exit {exit_status}"))
+    return reply if isinstance(reply, dict) else {}
+
+
+class SshExecutor:
+    """Runs the job wrapper on each node over one reused SSH connection per node."""
+
+    name = "ssh"
+
+    def __init__(self, config: ClusterConfig, state_dir: Path, timeout_s: float = 60.0) -> None:
+        m = config.master
+        self.config = config
+        self.key_path = Path(m.ssh_key or DEFAULT_KEY).expanduser()
+        self.known_hosts = Path(m.known_hosts).expanduser() if m.known_hosts else state_dir / "known_hosts"
+        self.python = shlex.split(m.remote_python)
+        self.connect_timeout_s = m.ssh_connect_timeout_s
+        self.keepalive_s = m.ssh_keepalive_s
+        self.max_channels = m.ssh_max_channels
+        self.timeout_s = timeout_s
+        self._nodes: dict[str, _Node] = {}
+
+    # -- connections ------------------------------------------------------------------------------------
+
+    def _node(self, node_id: str) -> _Node:
+        node = self._nodes.get(node_id)
+        if node is None:
+            node = self._nodes[node_id] = _Node(node_id, asyncio.Semaphore(self.max_channels))
+        return node
+
+    def _client_key(self, where: str) -> asyncssh.SSHKey:
+        try:
+            return asyncssh.read_private_key(self.key_path)
+        except (OSError, asyncssh.KeyImportError, ValueError) as exc:
+            raise ExecutorError("auth", f"{where}: cannot read ssh_key {self.key_path}: {exc}") from None
+
+    def _trusted_hosts(self) -> asyncssh.SSHKnownHosts:
+        """The known_hosts file, parsed; missing means empty (never "accept any key")."""
+        try:
+            text = self.known_hosts.read_text()
+        except FileNotFoundError:
+            text = ""
+        return asyncssh.import_known_hosts(text)
+
+    async def _connection(self, node: _Node) -> asyncssh.SSHClientConnection:
+        async with node.lock:
+            if node.conn is not None and not node.conn.is_closed():
+                return node.conn
+            node.conn = None
+            access = self.config.node_access(node.id)
+            user = access.ssh_user or getpass.getuser()
+            where = f"{node.id} ({user}@{access.address}:{access.ssh_port})"
+            try:
+                node.conn = await asyncssh.connect(
+                    access.address,
+                    access.ssh_port,
+                    username=user,
+                    client_keys=[self._client_key(where)],
+                    known_hosts=self._trusted_hosts(),
+                    config=[],
+                    agent_path=None,
+                    agent_forwarding=False,
+                    preferred_auth="publickey",
+                    password_auth=False,
+                    kbdint_auth=False,
+                    gss_auth=False,
+                    host_based_auth=False,
+                    connect_timeout=self.connect_timeout_s,
+                    login_timeout=self.connect_timeout_s,
+                    keepalive_interval=self.keepalive_s,
+                    keepalive_count_max=KEEPALIVE_COUNT_MAX,
+                )
+            except Exception as exc:
+                error = classify(exc, where)
+                if error.kind == "hostkey":
+                    error = ExecutorError(error.kind, f"{error.message}; known_hosts: {self.known_hosts}")
+                log.warning("ssh_connect_failed", node=node.id, kind=error.kind, error=error.message)
+                raise error from None
+            log.info("ssh_connected", node=node.id, address=access.address, port=access.ssh_port, user=user)
+            return node.conn
+
+    async def _run(
+        self, target: NodeTarget, args: list[str], timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """Run the wrapper with `args` on the target's node; its JSON reply."""
+        node = self._node(target.node)
+        command = shlex.join([*self.python, "-m", "hopsmgr.node.wrapper", *args])
+        limit = timeout_s or self.timeout_s
+        async with node.channels:
+            conn = await self._connection(node)
+            where = f"{node.id}: wrapper {args[0]}"
+            try:
+                result = await asyncio.wait_for(_execute(conn, command), limit)
+            except asyncio.TimeoutError:
+                raise ExecutorError("unreachable", f"{where} timed out after {limit:.0f} s") from None
+            except Exception as exc:
+                raise classify(exc, where) from None
+        signal = result.exit_signal[0] if result.exit_signal else None
+        if result.exit_status is None and conn.is_closed():
+            raise ExecutorError("unreachable", f"{where}: connection lost")
+        return parse_reply(result.exit_status, _text(result.stdout), _text(result.stderr), signal)
+
+    # -- the Executor protocol -------------------------------------------------------------------------
+
+    async def launch(self, target: NodeTarget, order: LaunchOrder) -> None:
+        await self._run(target, launch_args(target, order))
+
+    async def checkpoint(
+        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+    ) -> ExitInfo | None:
+        args = [*wrapper_args("checkpoint", target, attempt, epoch), "--wait", str(wait_s)]
+        args += ["--grace", str(grace_s)]
+        return exit_info(await self._run(target, args, wait_s + grace_s + 30))
+
+    async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None:
+        args = [*wrapper_args("stop", target, attempt, epoch), "--grace", str(grace_s)]
+        return exit_info(await self._run(target, args, grace_s + 30))
+
+    async def logs(self, target: NodeTarget, attempt: str, tail: int) -> str:
+        reply = await self._run(target, [*wrapper_args("logs", target, attempt), "--tail", str(tail)])
+        return str(reply.get("log", ""))
+
+    async def status(self, target: NodeTarget, attempt: str | None = None) -> dict[str, Any]:
+        """The wrapper's status reply for one attempt or all (not part of the Executor protocol)."""
+        args = ["status", "--workdir", target.workdir, *(["--attempt", attempt] if attempt else [])]
+        return await self._run(target, args)
+
+    async def close(self) -> None:
+        conns = [n.conn for n in self._nodes.values() if n.conn is not None]
+        for node in self._nodes.values():
+            node.conn = None
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            await conn.wait_closed()
+
+
+async def _execute(conn: asyncssh.SSHClientConnection, command: str) -> asyncssh.SSHCompletedProcess:
+    """Run one command with no stdin; its channel is closed however this ends (timeout included)."""
+    proc = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace")
+    try:
+        return await proc.wait()
+    finally:
+        proc.close()
+
+
+def _text(data: object) -> str:
+    if isinstance(data, bytes):
+        return data.decode(errors="replace")
+    return data if isinstance(data, str) else ""
+
+
+# -- host keys, for `hopsmgr nodes add` (the operator confirms; never automatic) ---------------------
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """How known_hosts names a host: `address`, or `[address]:port` off port 22."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+async def scan_host_key(address: str, port: int = 22, timeout_s: float = 10.0) -> str:
+    """The node's host key as a known_hosts line (not trusted: show its fingerprint to the operator)."""
+    where = f"{address}:{port}"
+    try:
+        key = await asyncio.wait_for(asyncssh.get_server_host_key(address, port, config=[]), timeout_s)
+    except Exception as exc:
+        raise classify(exc, where) from None
+    if key is None:
+        raise ExecutorError("hostkey", f"{where}: the server offered no host key")
+    return f"{known_hosts_name(address, port)} {key.export_public_key('openssh').decode().strip()}"
+
+
+def fingerprint(line: str) -> str:
+    """The SHA256 fingerprint of the key in a known_hosts line (what `ssh-keygen -lf` prints)."""
+    _, key = line.split(None, 1)
+    return str(asyncssh.import_public_key(key).get_fingerprint("sha256"))
+
+
+def add_known_host(path: Path, line: str) -> None:
+    """Append a confirmed known_hosts line to `path` (created if missing); a repeated line is not added."""
+    asyncssh.import_known_hosts(line)  # refuses a malformed line before anything is written
+    path.parent.mkdir(parents=True, exist_ok=True)
+    existing = path.read_text().splitlines() if path.exists() else []
+    if line.strip() in (x.strip() for x in existing):
+        return
+    with open(path, "a") as f:
+        f.write(line.strip() + "\n")

@@ -12,6 +12,7 @@ import pytest
 from hopsmgr.cli.main import build_parser
 from hopsmgr.core.lifecycle import mermaid_diagram
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.master.settings import MasterSettings
 from hopsmgr.policies.registry import POLICY_NAMES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -75,6 +76,14 @@ def test_every_scheduler_setting_is_documented_with_its_default(field: Field[obj
     assert any(w in line for line in lines for w in wanted), (
         f"no line of docs/configuration.md names `{name}` with its default {default!r}"
     )
+
+
+@pytest.mark.parametrize("field", fields(MasterSettings), ids=lambda f: f.name)
+def test_every_master_setting_is_documented_with_its_default(field: Field[object]) -> None:
+    lines = [line for line in read("configuration.md").splitlines() if line.startswith(f"| `{field.name}` |")]
+    assert lines, f"master key {field.name!r} is not in docs/configuration.md"
+    wanted = {f"`{s}`" for s in spellings(field.default)}
+    assert any(w in lines[0] for w in wanted), f"`{field.name}` is documented without its default {field.default!r}"
 
 
 def test_every_simulate_option_is_documented() -> None:

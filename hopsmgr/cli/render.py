@@ -237,7 +237,10 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("sensitivity", number(doc.get("sensitivity"), 2)),
         ("may span", yes_no(doc.get("may_span"))),
         ("quota", quota_line),
+        ("placement", value_text(doc.get("placement"))),
+        ("planner note", value_text(doc.get("note"))),
         ("unplaceable", value_text(doc.get("unplaceable"))),
+        ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

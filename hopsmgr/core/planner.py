@@ -73,6 +73,7 @@ class JobExplain:
     may_span: bool
     candidates: tuple[CandidateView, ...] = ()
     chosen: str | None = None
+    note: str = ""  # why the job was not a candidate of the program, when it was not
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +289,7 @@ def _plan(
             ),
             candidates=explain.get(jid, ()),
             chosen=str(assignment[jid]) if jid in assignment else None,
+            note=_note(jid, fixed, {v.id for v in jobs}, set(window_ids), kind),
         )
         for jid in (v.id for v in placeable)
     }
@@ -312,6 +314,20 @@ def snapshot_job(snapshot: ClusterSnapshot, job_id: JobId) -> JobSpec:
         if v.id == job_id:
             return v.spec
     raise KeyError(job_id)
+
+
+def _note(
+    jid: JobId, fixed: Mapping[JobId, Config], candidates: set[JobId], window: set[JobId], kind: PlanKind
+) -> str:
+    if jid in fixed:
+        if kind == "fragment":
+            return "runs; a fragment plan only places queued jobs on idle GPUs"
+        return "keeps its GPUs: its attempt is younger than the minimum attempt length"
+    if jid in candidates:
+        return ""
+    if jid not in window:
+        return "behind the service window"
+    return "not planned this time"
 
 
 def _within_capacity(

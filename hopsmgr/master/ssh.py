@@ -47,6 +47,7 @@ log = structlog.get_logger("hopsmgr.master.ssh")
 
 DEFAULT_KEY = Path("~/.ssh/id_ed25519")
 KEEPALIVE_COUNT_MAX = 3
+OPEN_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # waits between refused channel opens
 
 
 @dataclass
@@ -228,12 +229,27 @@ class SshExecutor:
 
 
 async def _execute(conn: asyncssh.SSHClientConnection, command: str) -> asyncssh.SSHCompletedProcess:
-    """Run one command with no stdin; its channel is closed however this ends (timeout included)."""
-    proc = await conn.create_process(command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace")
+    """Run one command with no stdin; its channel is closed however this ends (timeout included).
+
+    A refused channel open is retried (the command did not start): sshd frees a closed session a little
+    after the close handshake, so a burst at `ssh_max_channels` near its MaxSessions can meet a refusal.
+    """
+    for delay in (*OPEN_RETRY_S, None):
+        try:
+            proc = await conn.create_process(
+                command, stdin=asyncssh.DEVNULL, encoding="utf-8", errors="replace"
+            )
+            break
+        except asyncssh.ChannelOpenError:
+            if delay is None or conn.is_closed():
+                raise
+            await asyncio.sleep(delay)
     try:
-        return await proc.wait()
+        result = await proc.wait()
     finally:
         proc.close()
+    await proc.wait_closed()
+    return result
 
 
 def _text(data: object) -> str:

@@ -140,6 +140,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         if info is None
         else [{"config": c.config, "rate": c.rate, "value": c.value} for c in info.candidates],
         "chosen": None if info is None else info.chosen,
+        "note": None if info is None else info.note or None,
         "placement": summary["placement"],
         "unplaceable": None if plan is None else plan.unplaceable.get(row["id"]),
         "profiled_types": sorted(ctl.estimator.profiled_types(row["id"])),
@@ -186,6 +187,7 @@ def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
     guaranteed = quota.guaranteed_gpus if quota else 0
     return {
         "name": name,
+        "tenant": name,
         "guaranteed_gpus": guaranteed,
         "cap_gpus": quota.cap_gpus if quota else None,
         "weight": quota.weight if quota else 1.0,

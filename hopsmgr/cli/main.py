@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.cli import commands, daemon
+from hopsmgr.cli import commands, daemon, local
 from hopsmgr.config import ConfigError
 from hopsmgr.core.model import ModelError
 from hopsmgr.policies.registry import POLICY_NAMES
@@ -119,7 +119,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(
         "hopsmgr demo: a simulation of the paper's 64-GPU cluster (GTX1080Ti, TitanXp, RTX3090 servers)\n"
         f"with {len(workload)} jobs arriving at {args.rate}/h: Hops against the Sia-like and Gavel-like\n"
-        "baselines on the same workload. (The live master and agents come with later releases.)\n",
+        "baselines on the same workload.\n",
         file=sys.stderr,
     )
     spec = runner.RunSpec(cluster, world, workload, ("hops", "sia-lr", "gavel-lr"), seed=args.seed)
@@ -154,14 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, help="write results.json and PNG plots here")
     sim.set_defaults(func=cmd_simulate)
 
-    demo = sub.add_parser(
-        "demo", help="a short simulation of the paper's 64-GPU cluster (embedded in the package)"
-    )
-    demo.add_argument("--jobs", type=int, default=40)
-    demo.add_argument("--rate", type=_positive_float, default=40.0)
-    demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--out", type=Path)
-    demo.set_defaults(func=cmd_demo)
+    local.register(sub, cmd_demo, _positive_float)
 
     commands.register(sub)
     daemon.register(sub)

@@ -142,19 +142,28 @@ def unplaceable_reason(job: JobSpec, servers: Iterable[Server], estimator: Estim
 def profiling_runs(
     pending: Sequence[JobSpec], snapshot: ClusterSnapshot, estimator: Estimator, busy: Mapping[ServerId, int]
 ) -> list[ProfilingRun]:
-    """One single-GPU run per new job and missing GPU type, spread over servers with idle GPUs."""
-    free = {s.id: snapshot.capacity.get(s.id, 0) - busy.get(s.id, 0) for s in snapshot.servers}
-    by_type = config_gen.group_by_type(snapshot.servers, {k: v for k, v in free.items() if v > 0})
+    """One single-GPU run per new job and missing GPU type, spread over servers with idle GPUs (the
+    server of the type with the most idle GPUs first). Stops as soon as no idle GPU is left."""
+    heaps: dict[GpuType, list[tuple[int, int, Server]]] = {}
+    for k, server in enumerate(snapshot.servers):
+        free = snapshot.capacity.get(server.id, 0) - busy.get(server.id, 0)
+        if free > 0:
+            heaps.setdefault(server.gpu_type, []).append((-free, k, server))
+    for heap in heaps.values():
+        heapq.heapify(heap)
     runs: list[ProfilingRun] = []
     for job in sorted(pending, key=lambda j: (j.submit_time, j.id)):
-        for gpu_type, servers in sorted(by_type.items()):
+        if not heaps:
+            break
+        for gpu_type in sorted(heaps):
             if estimator.has_profile(job.id, gpu_type):
                 continue
-            for server in sorted(servers, key=lambda s: -free[s.id]):
-                if free[server.id] > 0:
-                    free[server.id] -= 1
-                    runs.append(ProfilingRun(job.id, server.id, gpu_type))
-                    break
+            neg_free, k, server = heapq.heappop(heaps[gpu_type])
+            runs.append(ProfilingRun(job.id, server.id, gpu_type))
+            if neg_free + 1 < 0:
+                heapq.heappush(heaps[gpu_type], (neg_free + 1, k, server))
+            if not heaps[gpu_type]:
+                del heaps[gpu_type]
     return runs
 
 

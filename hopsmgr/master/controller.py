@@ -185,7 +185,7 @@ class Controller:
             requirements = RequirementSet.of(sub.gpus)
         except ModelError as exc:
             raise RequestError(400, "gpus", str(exc)) from exc
-        total = sum(n.server.gpus for n in self.state.nodes.values())
+        total = self.state.total_gpus
         limit = min(total, quota.cap_gpus) if quota.cap_gpus is not None else total
         if requirements.minimum > limit:
             where = f"tenant {tenant!r} cap of {quota.cap_gpus}" if limit < total else f"cluster's {total}"
@@ -313,7 +313,7 @@ class Controller:
         message: str = "",
     ) -> None:
         """Record the end of an attempt once (later reports of it are ignored) and move its job on."""
-        if self.state.attempts.pop(attempt.id, None) is None:
+        if self.state.remove_attempt(attempt.id) is None:
             return
         now = self.clock()
         job = self.state.jobs.get(attempt.job_id)
@@ -498,8 +498,9 @@ class Controller:
         )
 
     def _update_node(self, node: NodeRecord, beat: Heartbeat, now: float) -> bool:
-        if node.health in (NodeHealth.LOST, NodeHealth.SUSPECT):
-            log.info("node_back", node=node.id, was=node.health)
+        if node.health != NodeHealth.HEALTHY and beat.healthy:
+            log.info("node_healthy", node=node.id, was=node.health)
+            self.wake.set()  # its GPUs can take work now
         node.health = NodeHealth.HEALTHY if beat.healthy else NodeHealth.SUSPECT
         node.last_beat = now
         calibration = node.calibration
@@ -545,9 +546,9 @@ class Controller:
         )
 
     def _vanished(self, node: NodeRecord, reported: set[str], first: bool, now: float) -> None:
-        """Open attempts on this node that its agent no longer reports: requeued after two beats (at once
+        """Open attempts on this node that its agent no longer reports: requeued after three beats (at once
         on the first beat after a master restart, for attempts whose launch was never confirmed)."""
-        for attempt in list(self.state.attempts.values()):
+        for attempt in self.state.attempts_on(node.id):
             if attempt.primary != node.id or attempt.id in reported:
                 continue
             if not attempt.launched:
@@ -559,7 +560,10 @@ class Controller:
                     )
                 continue
             attempt.unseen_beats += 1
-            if attempt.unseen_beats >= 2 or (first and attempt.created < self.started):
+            # A beat may have been written before the launch and handled after it: only beats well after
+            # the launch count, and it takes three of them.
+            settled = now - (attempt.started or now) > 3 * self.settings.heartbeat_interval_s + 10.0
+            if (attempt.unseen_beats >= 3 and settled) or (first and attempt.created < self.started):
                 self.end_attempt(attempt, reason="vanished", message=f"{node.id} no longer reports it")
 
     def check_health(self) -> None:
@@ -572,7 +576,7 @@ class Controller:
                 if node.health != NodeHealth.LOST:
                     node.health = NodeHealth.LOST
                     log.warning("node_lost", node=node.id, since_s=round(since, 1))
-                for attempt in [a for a in self.state.attempts.values() if node.id in a.placement.servers]:
+                for attempt in self.state.attempts_on(node.id):
                     self.end_attempt(attempt, reason="node_lost", message=f"node {node.id} lost")
             elif since > self.settings.suspect_after_s and node.health == NodeHealth.HEALTHY:
                 node.health = NodeHealth.SUSPECT

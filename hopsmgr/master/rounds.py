@@ -52,7 +52,6 @@ class RoundLoop:
                 next_first = now + interval
                 await self._safe_round("first")
                 continue
-            self.ctl.wake.clear()
             try:
                 await asyncio.wait_for(self.ctl.wake.wait(), timeout=next_first - now)
             except asyncio.TimeoutError:
@@ -83,6 +82,7 @@ class RoundLoop:
     async def _round(self, kind: PlanKind) -> Plan:
         ctl = self.ctl
         t0 = time.perf_counter()
+        ctl.wake.clear()  # events from here on wake the next plan (none is lost while this one runs)
         now = ctl.clock()
         snapshot, to_profile, _ = build_snapshot(ctl.state, now)
         # A new job that found no idle GPU for a whole round may take one from running work.
@@ -227,14 +227,10 @@ class RoundLoop:
         job_id = action.job_id.split(_PROFILE_KEY)[0]
         job = ctl.state.jobs[job_id]
         seq = ctl.store.next_seq("attempt")
-        used: dict[str, set[int]] = {}
-        for a in ctl.state.attempts.values():
-            for sid, devs in a.devices.items():
-                used.setdefault(sid, set()).update(devs)
         devices: dict[str, list[int]] = {}
         for sid, g in action.config.parts:
-            free = [d for d in range(ctl.state.nodes[sid].server.gpus) if d not in used.get(sid, set())]
-            devices[sid] = free[:g]
+            used = ctl.state.devices_used.get(sid, set())
+            devices[sid] = [d for d in range(ctl.state.nodes[sid].server.gpus) if d not in used][:g]
         attempt = AttemptRecord(
             id=f"a-{seq:06d}",
             seq=seq,
@@ -248,7 +244,7 @@ class RoundLoop:
             base_samples=job.done_samples,
         )
         ctl.store.insert_attempt(attempt.to_row())
-        ctl.state.attempts[attempt.id] = attempt
+        ctl.state.add_attempt(attempt)
         if profiling:
             job.profiling.add(attempt.id)
             if job.state == JobState.PENDING:

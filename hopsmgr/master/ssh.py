@@ -52,12 +52,18 @@ OPEN_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # waits between refused channel opens
 
 @dataclass
 class _Node:
-    """One node's connection, the lock that serialises (re)connecting, and its channel limit."""
+    """One node's connection, the lock that serialises (re)connecting, and its channel limit.
+
+    `failures` counts failed connection attempts and `error` holds the latest: commands that queued
+    behind a failing attempt share its error instead of each waiting out the connect timeout again.
+    """
 
     id: str
     channels: asyncio.Semaphore
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     conn: asyncssh.SSHClientConnection | None = None
+    failures: int = 0
+    error: ExecutorError | None = None
 
 
 def classify(exc: BaseException, where: str) -> ExecutorError:
@@ -90,7 +96,7 @@ def parse_reply(
     if exit_status != 0:
         kind = "refused" if exit_status == 3 else "failed"
         message = reply.get("error") if isinstance(reply, dict) else None
-        if exit_status is None:
+        if exit_status is None or exit_signal:
             message = message or f"no exit status (signal {exit_signal or '?'})"
         raise ExecutorError(kind, str(message or stderr[-500:] or f"exit {exit_status}"))
     return reply if isinstance(reply, dict) else {}
@@ -136,10 +142,13 @@ class SshExecutor:
         return asyncssh.import_known_hosts(text)
 
     async def _connection(self, node: _Node) -> asyncssh.SSHClientConnection:
+        failures = node.failures
         async with node.lock:
             if node.conn is not None and not node.conn.is_closed():
                 return node.conn
-            node.conn = None
+            if node.failures != failures and node.error is not None:
+                raise node.error  # the attempt made while this command waited failed just now
+            node.conn, node.error = None, None
             access = self.config.node_access(node.id)
             user = access.ssh_user or getpass.getuser()
             where = f"{node.id} ({user}@{access.address}:{access.ssh_port})"
@@ -168,6 +177,7 @@ class SshExecutor:
                 if error.kind == "hostkey":
                     error = ExecutorError(error.kind, f"{error.message}; known_hosts: {self.known_hosts}")
                 log.warning("ssh_connect_failed", node=node.id, kind=error.kind, error=error.message)
+                node.error, node.failures = error, node.failures + 1
                 raise error from None
             log.info("ssh_connected", node=node.id, address=access.address, port=access.ssh_port, user=user)
             return node.conn

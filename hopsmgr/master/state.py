@@ -290,7 +290,29 @@ class MasterState:
         self.tenants = {t.name: t for t in tenants}
         self.nodes: dict[str, NodeRecord] = {s.id: NodeRecord(s) for s in servers}
         self.jobs: dict[str, JobRecord] = {}  # live jobs only
-        self.attempts: dict[str, AttemptRecord] = {}  # open attempts only
+        self.attempts: dict[str, AttemptRecord] = {}  # open attempts only: add/remove through the methods
+        self.on_node: dict[str, set[str]] = {s.id: set() for s in servers}  # open attempt ids per node
+        self.devices_used: dict[str, set[int]] = {s.id: set() for s in servers}
+        self.total_gpus = sum(s.gpus for s in servers)
+
+    def add_attempt(self, attempt: AttemptRecord) -> None:
+        self.attempts[attempt.id] = attempt
+        for sid in attempt.placement.servers:
+            self.on_node.setdefault(sid, set()).add(attempt.id)
+        for sid, devices in attempt.devices.items():
+            self.devices_used.setdefault(sid, set()).update(devices)
+
+    def remove_attempt(self, attempt_id: str) -> AttemptRecord | None:
+        attempt = self.attempts.pop(attempt_id, None)
+        if attempt is not None:
+            for sid in attempt.placement.servers:
+                self.on_node.get(sid, set()).discard(attempt_id)
+            for sid, devices in attempt.devices.items():
+                self.devices_used.get(sid, set()).difference_update(devices)
+        return attempt
+
+    def attempts_on(self, node_id: str) -> list[AttemptRecord]:
+        return [self.attempts[a] for a in sorted(self.on_node.get(node_id, ()))]
 
     def load(self) -> None:
         """Rebuild live jobs, open attempts and node settings from the store (after a restart)."""
@@ -314,7 +336,7 @@ class MasterState:
             if job is None:  # a terminal job with an attempt left open: close it now
                 self.store.update_attempt(attempt.id, ended=row["created"], end_reason="orphaned")
                 continue
-            self.attempts[attempt.id] = attempt
+            self.add_attempt(attempt)
             attempt.base_samples = job.done_samples
             if attempt.profiling:
                 job.profiling.add(attempt.id)

@@ -93,6 +93,7 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
             {
                 "id": a["id"],
                 "placement": a["placement"],
+                "devices": a["devices"] or {},
                 "profiling": bool(a["profiling"]),
                 "started": a["started"],
                 "ended": a["ended"],
@@ -155,7 +156,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
 def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
     running = []
     used = 0
-    for a in ctl.state.attempts.values():
+    for a in ctl.state.attempts_on(node.id):
         gpus = a.placement.as_dict().get(node.id)
         if gpus:
             used += gpus

@@ -463,7 +463,7 @@ def test_demo_writes_results_for_hops_and_baselines(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out = tmp_path / "demo"
-    code, stdout, stderr = run(capsys, "demo", "--jobs", "6", "--rate", "60", "--out", str(out))
+    code, stdout, stderr = run(capsys, "demo", "--simulate", "--jobs", "6", "--rate", "60", "--out", str(out))
     assert code == 0, stderr
     assert "hopsmgr demo" in stderr
     assert set(table_rows(stdout)) == {"hops", "sia-lr", "gavel-lr"}
@@ -479,14 +479,14 @@ def test_demo_writes_results_for_hops_and_baselines(
 
 def test_demo_bad_rate_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["demo", "--rate", "0", "--out", str(tmp_path / "out")])
+        main(["demo", "--simulate", "--rate", "0", "--out", str(tmp_path / "out")])
     assert info.value.code == 2
     assert "'0'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
 def test_demo_bad_job_count_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, _, stderr = run(capsys, "demo", "--jobs", "0", "--out", str(tmp_path / "out"))
+    code, _, stderr = run(capsys, "demo", "--simulate", "--jobs", "0", "--out", str(tmp_path / "out"))
     assert code == 2
     assert "jobs" in stderr
     assert not (tmp_path / "out").exists()

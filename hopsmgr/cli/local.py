@@ -1,0 +1,112 @@
+"""`hopsmgr demo`, `hopsmgr up` and `hopsmgr down`: the product on this machine.
+
+`demo` runs the live demo (hopsmgr.local.demo); `demo --simulate` the simulated comparison of the
+paper's 64-GPU cluster instead. `up --config FILE` starts a master and emulated-device agents for your
+own cluster file in the background (state and logs in --dir) and prints how to reach it; `down` stops
+everything `up` started, jobs included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hopsmgr.config import ConfigError, load_cluster_config
+from hopsmgr.local.cluster import LocalCluster, LocalClusterError, read_run, stop_recorded
+
+DEFAULT_DIR = Path(".hopsmgr")
+
+
+def cmd_demo(args: argparse.Namespace, simulate: Callable[[argparse.Namespace], int]) -> int:
+    if args.simulate:
+        return simulate(args)
+    from hopsmgr.local.demo import run_demo
+
+    if args.jobs < 2:
+        print(f"hopsmgr demo: error: --jobs must be at least 2, got {args.jobs}", file=sys.stderr)
+        return 2
+    if not args.minutes > 0:
+        print(f"hopsmgr demo: error: --minutes must be > 0, got {args.minutes}", file=sys.stderr)
+        return 2
+    out = args.out or Path(tempfile.mkdtemp(prefix="hopsmgr-demo-"))
+    try:
+        metrics = run_demo(out, jobs=args.jobs, minutes=args.minutes, quick=args.quick)
+    except KeyboardInterrupt:
+        print("\nhopsmgr demo: interrupted; everything it started was stopped", file=sys.stderr)
+        return 130
+    except LocalClusterError as exc:
+        print(f"hopsmgr demo: error: {exc}", file=sys.stderr)
+        return 1
+    return 0 if metrics["completed"] == metrics["jobs"] else 1
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        config = load_cluster_config(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    root = args.dir.resolve()
+    running = read_run(root)
+    if running is not None:
+        print(
+            f"error: a local cluster already runs from {root} (master {running.get('url')}); `hopsmgr down --dir {args.dir}` first",
+            file=sys.stderr,
+        )
+        return 1
+    cluster = LocalCluster(Path(args.config).resolve(), config, root)
+    try:
+        url = cluster.start()
+    except LocalClusterError as exc:
+        stop_recorded(root)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"local cluster {config.name!r} up: master {url}, {len(config.servers)} emulated-device agents, logs in {root}"
+    )
+    print(f"export HOPSMGR_URL={url} HOPSMGR_TOKEN=$(cat {cluster.state_dir / 'admin.token'})")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    root = args.dir.resolve()
+    if read_run(root) is None:
+        print(f"no local cluster runs from {root}", file=sys.stderr)
+        return 1
+    stopped = stop_recorded(root)
+    print(f"stopped {stopped} processes started from {root}")
+    return 0
+
+
+def register(
+    sub: Any, simulate_demo: Callable[[argparse.Namespace], int], positive: Callable[[str], float]
+) -> None:
+    demo = sub.add_parser(
+        "demo", help="run the whole product on this machine: a live local cluster and real jobs"
+    )
+    demo.add_argument("--quick", action="store_true", help="about a minute: fewer, shorter jobs")
+    demo.add_argument("--jobs", type=int, default=9, help="jobs to submit (default 9)")
+    demo.add_argument(
+        "--minutes", type=positive, default=4.0, help="rough length of the workload (default 4)"
+    )
+    demo.add_argument("--out", type=Path, help="where to write summary.json, timeline.png and the logs")
+    demo.add_argument(
+        "--simulate",
+        action="store_true",
+        help="instead: simulate the paper's 64-GPU cluster (Hops vs baselines)",
+    )
+    demo.add_argument("--rate", type=positive, default=40.0, help="with --simulate: arrivals per hour")
+    demo.add_argument("--seed", type=int, default=1, help="with --simulate: workload seed")
+    demo.set_defaults(func=lambda a: cmd_demo(a, simulate_demo))
+
+    up = sub.add_parser("up", help="start a local cluster (master + emulated agents) for a cluster file")
+    up.add_argument("--config", required=True, help="cluster TOML file")
+    up.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state and logs (default ./.hopsmgr)")
+    up.set_defaults(func=cmd_up)
+    down = sub.add_parser("down", help="stop the local cluster `hopsmgr up` started, and its jobs")
+    down.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="as given to `hopsmgr up`")
+    down.set_defaults(func=cmd_down)

@@ -202,7 +202,7 @@ async def submit(request: web.Request) -> web.Response:
     who = principal(request)
     sub = parse_submission(await body(request))
     ctl = request.app[CTL]
-    job = ctl.submit(who, sub)
+    job = await ctl.submit(who, sub)
     return web.json_response(views.job_summary(ctl, views.row_of(job)), status=201)
 
 

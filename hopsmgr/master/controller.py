@@ -87,6 +87,9 @@ class Controller:
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
         self.heartbeats = 0
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.job_seq = 0
+        self.submissions: list[tuple[JobRecord, str, asyncio.Future[None]]] = []
+        self.throughput: list[tuple[str, float, dict[str, int], float]] = []  # buffered history rows
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -107,6 +110,7 @@ class Controller:
             ]
         )
         self.state.load()
+        self.job_seq = int(self.store.meta("job", "0"))
         saved = self.store.load_estimator()
         if saved is not None:
             try:
@@ -170,7 +174,7 @@ class Controller:
             return None
         return job.spec.total_samples / (max(rates) * job.spec.requirements.minimum)
 
-    def submit(self, who: Principal, sub: Submission) -> JobRecord:
+    async def submit(self, who: Principal, sub: Submission) -> JobRecord:
         tenant = sub.tenant or who.tenant
         if not who.admin and tenant != who.tenant:
             raise RequestError(
@@ -200,44 +204,63 @@ class Controller:
             assert sub.iterations is not None
             samples = JobSpec.samples_from_iterations(sub.iterations, sub.batch_size, requirements)
         now = self.clock()
-        with self.store.transaction():
-            seq = self.store.next_seq("job")
-            job_id = f"j-{seq:06d}"
-            try:
-                spec = JobSpec(
-                    id=job_id,
-                    requirements=requirements,
-                    total_samples=samples,
-                    batch_size=sub.batch_size,
-                    tenant=tenant,
-                    user=who.user,
-                    name=sub.name,
-                    params_bytes=sub.params * 4.0,
-                    submit_time=now,
-                    restart_s=10.0 + sub.params * 4.0 * 2 / 200e6,  # start-up + checkpoint write and read
-                )
-            except ModelError as exc:
-                raise RequestError(400, None, str(exc)) from exc
-            job = JobRecord(
-                spec=spec,
-                seq=seq,
+        seq = self.job_seq + 1
+        job_id = f"j-{seq:06d}"
+        try:
+            spec = JobSpec(
+                id=job_id,
+                requirements=requirements,
+                total_samples=samples,
+                batch_size=sub.batch_size,
+                tenant=tenant,
+                user=who.user,
                 name=sub.name,
-                command=list(sub.command),
-                env=dict(sub.env),
-                workdir=sub.workdir,
-                launcher=sub.launcher,
-                state=JobState.PENDING,
-                submitted=now,
-                state_since=now,
+                params_bytes=sub.params * 4.0,
+                submit_time=now,
+                restart_s=10.0 + sub.params * 4.0 * 2 / 200e6,  # start-up + checkpoint write and read
             )
-            self.store.insert_job(job.to_row())
-            self.store.add_event(
-                job_id, now, "submitted", JobState.PENDING.value, f"by {who.user} ({tenant})"
-            )
-        self.state.jobs[job_id] = job
-        log.info("job_submitted", job_id=job_id, tenant=tenant, user=who.user, gpus=list(requirements.counts))
-        self.wake.set()
+        except ModelError as exc:
+            raise RequestError(400, None, str(exc)) from exc
+        self.job_seq = seq
+        job = JobRecord(
+            spec=spec,
+            seq=seq,
+            name=sub.name,
+            command=list(sub.command),
+            env=dict(sub.env),
+            workdir=sub.workdir,
+            launcher=sub.launcher,
+            state=JobState.PENDING,
+            submitted=now,
+            state_since=now,
+        )
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.submissions:
+            asyncio.get_running_loop().call_later(0.002, self._store_submissions)
+        self.submissions.append((job, f"by {who.user} ({tenant})", future))
+        await future  # the job is stored (and visible) only once its transaction committed
         return job
+
+    def _store_submissions(self) -> None:
+        """Group commit: every submission of the last ~2 ms in one transaction (one fsync)."""
+        batch, self.submissions = self.submissions, []
+        try:
+            with self.store.transaction():
+                for job, message, _ in batch:
+                    self.store.insert_job(job.to_row())
+                    self.store.add_event(job.id, job.submitted, "submitted", JobState.PENDING.value, message)
+                self.store.set_meta("job", str(max(job.seq for job, _, _ in batch)))
+        except Exception as exc:
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for job, _, future in batch:
+            self.state.jobs[job.id] = job
+            log.info("job_submitted", job_id=job.id, tenant=job.tenant, user=job.spec.user)
+            if not future.done():
+                future.set_result(None)
+        self.wake.set()
 
     def visible(self, who: Principal, job_id: str) -> dict[str, Any]:
         row = self.store.job(job_id)
@@ -443,7 +466,7 @@ class Controller:
             servers = {n.id: n.effective_server() for n in self.state.nodes.values()}
             placement, rate, spec = attempt.placement, progress.samples_per_s, job.spec
             self.with_estimator(lambda: self.estimator.observe(spec.id, placement, servers, rate, job=spec))
-            self.store.add_throughput(job.id, now, placement.as_dict(), rate)
+            self.throughput.append((job.id, now, placement.as_dict(), rate))  # written by flush()
             if progress.td_s > 0:
                 gpu_type = self.state.nodes[attempt.primary].server.gpu_type
                 td, tw = progress.td_s, progress.tw_s
@@ -565,6 +588,17 @@ class Controller:
             settled = now - (attempt.started or now) > 3 * self.settings.heartbeat_interval_s + 10.0
             if (attempt.unseen_beats >= 3 and settled) or (first and attempt.created < self.started):
                 self.end_attempt(attempt, reason="vanished", message=f"{node.id} no longer reports it")
+
+    def flush(self) -> None:
+        """Write buffered progress and throughput history in one transaction (called about every second)."""
+        rows, self.throughput = self.throughput, []
+        dirty = [j for j in self.state.jobs.values() if j.dirty]
+        if not rows and not dirty:
+            return
+        with self.store.transaction():
+            for job_id, time_, placement, rate in rows:
+                self.store.add_throughput(job_id, time_, placement, rate)
+            self.state.flush_progress()
 
     def check_health(self) -> None:
         """HEALTHY -> SUSPECT -> LOST by heartbeat age; a LOST node's attempts end and their jobs requeue."""

@@ -72,7 +72,7 @@ class RoundLoop:
     async def health(self) -> None:
         while True:
             self.ctl.check_health()
-            self.ctl.state.flush_progress()
+            self.ctl.flush()
             await asyncio.sleep(min(1.0, self.ctl.settings.heartbeat_interval_s / 2))
 
     async def round(self, kind: PlanKind) -> Plan:

@@ -160,7 +160,7 @@ class MasterProcess:
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()
-            self.ctl.state.flush_progress()
+            self.ctl.flush()
             await self.ctl.executor.close()
         if self.runner is not None:
             await self.runner.cleanup()

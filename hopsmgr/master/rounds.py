@@ -11,6 +11,7 @@ first; a launch waits for the stops that free its GPUs.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -29,6 +30,30 @@ from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")
 _PROFILE_KEY = "~profile~"
+
+
+def rendezvous_port(attempt_id: str) -> int:
+    """A port for the attempt's torchrun rendezvous on its first server (stable per attempt)."""
+    return 29400 + int(hashlib.sha256(attempt_id.encode()).hexdigest(), 16) % 2000
+
+
+def torchrun_argv(
+    command: list[str], nnodes: int, rank: int, gpus: int, endpoint: str, run_id: str
+) -> list[str]:
+    """One torchrun per server: the job's command becomes its training script and arguments (a leading
+    python interpreter is dropped: torchrun starts the script with its own)."""
+    if command and command[0].rsplit("/", 1)[-1].startswith("python") and len(command) > 1:
+        command = command[1:]
+    return [
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--node_rank={rank}",
+        f"--nproc_per_node={gpus}",
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={endpoint}",
+        f"--rdzv_id={run_id}",
+        *command,
+    ]
 
 
 class RoundLoop:
@@ -290,6 +315,7 @@ class RoundLoop:
                     raise ExecutorError(
                         "unreachable", f"node {node_id} has not reported a work directory yet"
                     )
+                rendezvous = f"{ctl.config.node_access(parts[0][0]).address}:{rendezvous_port(attempt.id)}"
                 env = {
                     **job.env,
                     "HOPS_NODE_RANK": str(rank),
@@ -297,13 +323,17 @@ class RoundLoop:
                     "HOPS_WORLD_GPUS": str(attempt.placement.gpus),
                     "HOPS_BASE_GPUS": str(job.spec.requirements.minimum),
                     "HOPS_RESUME": "1" if attempt.resume else "0",
+                    "HOPS_RDZV_ENDPOINT": rendezvous,
                 }
+                argv = list(job.command)
+                if job.launcher == "torchrun" and not attempt.profiling:
+                    argv = torchrun_argv(argv, len(parts), rank, gpus, rendezvous, attempt.id)
                 cal = node.calibration
                 order = LaunchOrder(
                     attempt=attempt.id,
                     job=job.id,
                     epoch=ctl.epoch,
-                    argv=job.command,
+                    argv=argv,
                     mode="profile" if attempt.profiling else "run",
                     gpus=gpus,
                     visible_devices=attempt.devices.get(node_id, []),

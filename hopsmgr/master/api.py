@@ -324,7 +324,9 @@ async def heartbeat(request: web.Request) -> web.Response:
     raw = await body(request)
     if isinstance(raw, dict):
         check_protocol(raw)
-    reply = request.app[CTL].heartbeat(parse_heartbeat(raw))
+    ctl = request.app[CTL]
+    reply = ctl.heartbeat(parse_heartbeat(raw))
+    await ctl.durable()  # acks only once what they acknowledge is on disk
     return web.json_response(reply.to_json())
 
 

@@ -24,7 +24,7 @@ from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
 from hopsmgr.core.planner import Plan
 from hopsmgr.master.executor import Executor, ExecutorError, NodeTarget
 from hopsmgr.master.state import AttemptRecord, JobRecord, MasterState, NodeHealth, NodeRecord, time_profile
-from hopsmgr.master.store import Store
+from hopsmgr.master.store import Store, StoreError
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, HeartbeatReply, Progress
 
 log = structlog.get_logger("hopsmgr.master")
@@ -89,6 +89,7 @@ class Controller:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.job_seq = 0
         self.submissions: list[tuple[JobRecord, str, asyncio.Future[None]]] = []
+        self.durable_waiters: list[asyncio.Future[None]] = []
         self.throughput: list[tuple[str, float, dict[str, int], float]] = []  # buffered history rows
 
     # -- start ------------------------------------------------------------------------------------------
@@ -492,7 +493,7 @@ class Controller:
         stop: list[str] = []
         ack: list[str] = []
         reported: set[str] = set()
-        with self.store.transaction():
+        with self.store.grouped():  # made durable by `durable()` before the reply
             if changed:
                 self.store.upsert_node(node.to_row())
             for run in beat.running:
@@ -519,6 +520,28 @@ class Controller:
         return HeartbeatReply(
             self.epoch, self.settings.heartbeat_interval_s, tuple(ack), tuple(stop), calibrate=calibrate
         )
+
+    async def durable(self) -> None:
+        """Wait until the open group commit is on disk: one commit every ~3 ms for all heartbeats."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.durable_waiters:
+            asyncio.get_running_loop().call_later(0.003, self._commit_group)
+        self.durable_waiters.append(future)
+        await future
+
+    def _commit_group(self) -> None:
+        waiters, self.durable_waiters = self.durable_waiters, []
+        try:
+            self.store.commit_group()
+        except StoreError as exc:
+            log.critical("state_not_written", error=str(exc))
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     def _update_node(self, node: NodeRecord, beat: Heartbeat, now: float) -> bool:
         if node.health != NodeHealth.HEALTHY and beat.healthy:

@@ -107,6 +107,7 @@ class Store:
             raise StoreError(f"cannot open the state file {self.path}: {exc}") from exc
         self._db.row_factory = sqlite3.Row
         self._depth = 0
+        self._group_open = False
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
@@ -118,6 +119,7 @@ class Store:
             raise StoreError(f"{self.path} is not a usable hopsmgr state file: {exc}") from exc
 
     def close(self) -> None:
+        self.commit_group()
         self._db.close()
 
     # -- schema -----------------------------------------------------------------------------------------
@@ -142,7 +144,8 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
-        """One commit for everything inside (nested calls join the outer one)."""
+        """One commit for everything inside (nested calls join the outer one). An open group commit
+        (`grouped`) is committed first: whoever asks for a transaction acts on durable state."""
         if self._depth:
             self._depth += 1
             try:
@@ -150,7 +153,8 @@ class Store:
             finally:
                 self._depth -= 1
             return
-        self._db.execute("BEGIN IMMEDIATE")
+        self.commit_group()
+        self._begin()
         self._depth = 1
         try:
             yield
@@ -159,11 +163,49 @@ class Store:
             self._db.execute("ROLLBACK")
             raise
         self._depth = 0
+        self._commit()
+
+    def _begin(self) -> None:
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
+
+    def _commit(self) -> None:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
             self._db.execute("ROLLBACK")
             raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
+
+    @contextmanager
+    def grouped(self) -> Iterator[None]:
+        """Changes that join the open group commit (one fsync for many callers): a savepoint inside it,
+        rolled back alone if the block fails. Call `commit_group` before relying on durability."""
+        if self._depth:
+            with self.transaction():
+                yield
+            return
+        if not self._group_open:
+            self._begin()
+            self._group_open = True
+        self._db.execute("SAVEPOINT grouped")
+        self._depth = 1
+        try:
+            yield
+        except BaseException:
+            self._depth = 0
+            self._db.execute("ROLLBACK TO grouped")
+            self._db.execute("RELEASE grouped")
+            raise
+        self._depth = 0
+        self._db.execute("RELEASE grouped")
+
+    def commit_group(self) -> None:
+        """Make the open group commit durable (no-op when none is open)."""
+        if self._group_open:
+            self._group_open = False
+            self._commit()
 
     def _exec(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> sqlite3.Cursor:
         try:

@@ -139,3 +139,24 @@ def test_estimator_state_round_trip(tmp_path: Path) -> None:
     store.save_estimator({"version": 1, "x": [3]}, 6.0)
     assert store.load_estimator() == {"version": 1, "x": [3]}
     store.close()
+
+
+def test_group_commit_savepoints_and_durability(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    with store.grouped():
+        store.insert_job(job_row("j-1", 1))
+    with pytest.raises(RuntimeError), store.grouped():
+        store.insert_job(job_row("j-2", 2))
+        raise RuntimeError("this caller's change alone is rolled back")
+    with store.grouped():
+        store.insert_job(job_row("j-3", 3))
+    reader = sqlite3.connect(tmp_path / "s.db")
+    assert reader.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 0  # not committed yet
+    store.commit_group()
+    assert [r[0] for r in reader.execute("SELECT id FROM jobs ORDER BY seq")] == ["j-1", "j-3"]
+    with store.grouped():
+        store.insert_job(job_row("j-4", 4))
+    with store.transaction():  # a plain transaction first makes the open group durable
+        store.add_event("j-4", 1.0, "x", None)
+    assert reader.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 3
+    store.close()

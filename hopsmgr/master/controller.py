@@ -90,6 +90,7 @@ class Controller:
         self.job_seq = 0
         self.submissions: list[tuple[JobRecord, str, asyncio.Future[None]]] = []
         self.durable_waiters: list[asyncio.Future[None]] = []
+        self.commit_scheduled = False
         self.throughput: list[tuple[str, float, dict[str, int], float]] = []  # buffered history rows
 
     # -- start ------------------------------------------------------------------------------------------
@@ -524,12 +525,18 @@ class Controller:
     async def durable(self) -> None:
         """Wait until the open group commit is on disk: one commit every ~3 ms for all heartbeats."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self.durable_waiters:
-            asyncio.get_running_loop().call_later(0.003, self._commit_group)
         self.durable_waiters.append(future)
+        self.commit_soon()
         await future
 
+    def commit_soon(self) -> None:
+        """Commit the open group within ~3 ms (for records of what already happened)."""
+        if not self.commit_scheduled:
+            self.commit_scheduled = True
+            asyncio.get_running_loop().call_later(0.003, self._commit_group)
+
     def _commit_group(self) -> None:
+        self.commit_scheduled = False
         waiters, self.durable_waiters = self.durable_waiters, []
         try:
             self.store.commit_group()

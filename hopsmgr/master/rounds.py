@@ -358,7 +358,10 @@ class RoundLoop:
         now = ctl.clock()
         attempt.launched = True
         attempt.started = attempt.started or now
-        with ctl.store.transaction():
+        ctl.commit_soon()
+        with (
+            ctl.store.grouped()
+        ):  # a record of what happened: a crash before the commit is repaired by adoption
             ctl.store.update_attempt(attempt.id, started=attempt.started)
             job = ctl.state.jobs.get(attempt.job_id)
             if job is not None and not attempt.profiling and job.state == JobState.LAUNCHING:

@@ -290,16 +290,23 @@ async def scan_host_key(address: str, port: int = 22, timeout_s: float = 10.0) -
 
 def fingerprint(line: str) -> str:
     """The SHA256 fingerprint of the key in a known_hosts line (what `ssh-keygen -lf` prints)."""
-    _, key = line.split(None, 1)
-    return str(asyncssh.import_public_key(key).get_fingerprint("sha256"))
+    parts = line.split()
+    if len(parts) < 3:
+        raise ValueError(f"not a known_hosts line (HOST KEYTYPE KEY): {line!r}")
+    return str(asyncssh.import_public_key(" ".join(parts[1:3])).get_fingerprint("sha256"))
 
 
 def add_known_host(path: Path, line: str) -> None:
-    """Append a confirmed known_hosts line to `path` (created if missing); a repeated line is not added."""
-    asyncssh.import_known_hosts(line)  # refuses a malformed line before anything is written
+    """Append a confirmed known_hosts line to `path` (created if missing); a repeated line is not added.
+
+    A malformed line raises ValueError (asyncssh.KeyImportError is one) before anything is written.
+    """
+    line = line.strip()
+    fingerprint(line)
+    asyncssh.import_known_hosts(line)
     path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text().splitlines() if path.exists() else []
-    if line.strip() in (x.strip() for x in existing):
+    text = path.read_text() if path.exists() else ""
+    if line in (x.strip() for x in text.splitlines()):
         return
     with open(path, "a") as f:
-        f.write(line.strip() + "\n")
+        f.write(("\n" if text and not text.endswith("\n") else "") + line + "\n")

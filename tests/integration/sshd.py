@@ -61,7 +61,7 @@ class Sshd:
         return (self.root / "sshd.log").read_text(errors="replace")
 
     @classmethod
-    def start(cls, root: Path, timeout: float = 10.0) -> Sshd:
+    def start(cls, root: Path, timeout: float = 10.0, max_sessions: int = 10) -> Sshd:
         require_sshd()
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # sshd's privilege-separation directory (as root)
@@ -87,6 +87,7 @@ class Sshd:
                     "PermitRootLogin prohibit-password",
                     "Subsystem sftp internal-sftp",
                     "LogLevel VERBOSE",
+                    f"MaxSessions {max_sessions}",
                     "",
                 ]
             )

@@ -5,6 +5,16 @@ their progress and finished ones with exit status, profile and log tail; the mas
 finished attempts (the agent then forgets them) and lists attempts that must not run (the agent stops
 them: grace, then kill). Answers from an older master epoch than one already seen are ignored (fencing).
 Connection failures back off exponentially up to 30 s; the agent never gives up.
+
+Devices: "nvml" discovers the GPUs at start (hopsmgr_agent.devices; a missing driver stops the agent with
+a message), "cpu" offers the configured CPU slots, "emulated" reports its configured type, count and
+speed, labelled "emulated" and never mixed with measured numbers. On "nvml" and "cpu" nodes the
+calibration kernels (hopsmgr_agent.calibrate) run at start (calibrate = "start") and again whenever a
+heartbeat reply asks (calibrate = true), in a child process watched by a thread
+(hopsmgr_agent.calibrator): heartbeats go out from the first second, with no calibration until the first
+run ends, then with its factors. Each run's raw report is written to <workdir>/calibration.json; with
+calibrate = "never" the agent reports the one saved there, if any.
+With probe_port set, the agent serves the network-probe sink that other agents measure B_net against.
 """
 
 from __future__ import annotations
@@ -30,7 +40,10 @@ from hopsmgr.node import ops
 from hopsmgr.node.layout import WrapperError
 from hopsmgr.protocol import PROTOCOL_VERSION, HeartbeatReply, WireError, parse_heartbeat_reply
 from hopsmgr_agent import __version__
+from hopsmgr_agent.calibrator import Calibrator
 from hopsmgr_agent.config import AgentConfig, load_agent_config
+from hopsmgr_agent.devices import DeviceError, Inventory, discover
+from hopsmgr_agent.probe import ProbeSink
 
 log = structlog.get_logger("hopsmgr.agent")
 LOG_TAIL_BYTES = 4000
@@ -38,17 +51,25 @@ RETENTION_S = 7 * 24 * 3600.0  # finished attempts (and their logs) are kept thi
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, inventory: Inventory | None = None) -> None:
         self.config = config
+        if config.devices == "nvml" and inventory is None:
+            inventory = discover()  # DeviceError says what is missing
+        self.inventory = inventory
         self.epoch = 0
         self.interval_s = 5.0
         self.stopping: set[str] = set()
         self.beats = 0
         self.collected = 0.0
+        if inventory is not None:
+            self.gpu_type, self.gpus = config.gpu_type or inventory.gpu_type, len(inventory.gpus)
+        else:
+            self.gpu_type, self.gpus = config.gpu_type, config.count
+        self.calibrator = None if config.devices == "emulated" else Calibrator(config, self.gpu_type)
 
     def devices(self) -> dict[str, Any]:
         c = self.config
-        if c.devices == "emulated":
+        if self.calibrator is None:
             calibration = {"compute_factor": c.speed, "memory_factor": c.speed, "data_factor": 1.0}
             return {
                 "gpu_type": c.gpu_type,
@@ -57,9 +78,31 @@ class Agent:
                 "calibration": calibration,
                 "calibration_source": "emulated",
             }
-        raise ConfigError(
-            "agent", "devices", c.devices, "NVML discovery is not available in this build; use emulated"
-        )
+        latest, error = self.calibrator.latest, self.calibrator.error
+        return {
+            "gpu_type": self.gpu_type,
+            "gpus": self.gpus,
+            "device_mode": c.devices,
+            "calibration": None if latest is None else dict(latest[0]),
+            "calibration_source": "" if latest is None else latest[1],
+            "message": f"calibration failed: {error}"[:1024] if error else "",
+        }
+
+    def start_calibration(self, reason: str) -> bool:
+        """Start a calibration run beside the heartbeats; False on emulated nodes or while one runs."""
+        if self.calibrator is None:
+            log.info("calibration_not_applicable", node=self.config.node, reason=reason, devices="emulated")
+            return False
+        return self.calibrator.start(reason)
+
+    def start_background(self) -> None:
+        """What runs beside the heartbeats from the start: the first calibration, or the saved one."""
+        if self.calibrator is None:
+            return
+        if self.config.calibrate == "start":
+            self.calibrator.start("start")
+        else:
+            self.calibrator.load_saved()
 
     def report(self) -> dict[str, Any]:
         """This beat's message: identity, devices, and what the node's attempt records say."""
@@ -111,6 +154,8 @@ class Agent:
             with contextlib.suppress(OSError):
                 (self._dir(attempt) / "acked").touch()
         self._collect()
+        if reply.calibrate:
+            self.start_calibration("master")
         for attempt in reply.stop:
             if attempt not in self.stopping:
                 self.stopping.add(attempt)
@@ -160,6 +205,29 @@ class Agent:
         self.beats += 1
 
     async def run(self, stop: asyncio.Event) -> None:
+        sink = await self._start_sink()
+        self.start_background()
+        try:
+            await self._beat_loop(stop)
+        finally:
+            if self.calibrator is not None:
+                await asyncio.to_thread(self.calibrator.stop, 10.0)
+            if sink is not None:
+                await sink.close()
+
+    async def _start_sink(self) -> ProbeSink | None:
+        if not self.config.probe_port:
+            return None
+        sink = ProbeSink("", self.config.probe_port)
+        try:
+            await sink.start()
+        except OSError as exc:
+            log.error("probe_sink_failed", port=self.config.probe_port, error=str(exc), node=self.config.node)
+            return None
+        log.info("probe_sink_listening", port=sink.port, node=self.config.node)
+        return sink
+
+    async def _beat_loop(self, stop: asyncio.Event) -> None:
         ssl_ctx: ssl.SSLContext | bool = True
         if self.config.tls_ca:
             ssl_ctx = ssl.create_default_context(cafile=self.config.tls_ca)
@@ -207,7 +275,7 @@ def _progress(rec: dict[str, Any]) -> dict[str, Any] | None:
     return {k: p[k] for k in keys if k in p}
 
 
-async def _amain(config: AgentConfig) -> None:
+async def _amain(config: AgentConfig, inventory: Inventory | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -218,8 +286,9 @@ async def _amain(config: AgentConfig) -> None:
         master=config.master,
         devices=config.devices,
         emulated=config.devices == "emulated",
+        calibrate=config.calibrate if config.devices != "emulated" else "n/a",
     )
-    await Agent(config).run(stop)
+    await Agent(config, inventory).run(stop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,7 +302,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_amain(config))
+    inventory = None
+    if config.devices == "nvml":
+        try:
+            inventory = discover()
+            gpu_type = config.gpu_type or inventory.gpu_type
+        except DeviceError as exc:
+            print(f'error: {args.config}: devices = "nvml": {exc}', file=sys.stderr)
+            return 2
+        log.info("gpus_discovered", gpu_type=gpu_type, **inventory.to_json())
+    asyncio.run(_amain(config, inventory))
     return 0
 
 

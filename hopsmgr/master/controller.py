@@ -23,7 +23,16 @@ from hopsmgr.core.lifecycle import LIVE, JobState
 from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
 from hopsmgr.core.planner import Plan
 from hopsmgr.master.executor import Executor, ExecutorError, NodeTarget
-from hopsmgr.master.state import AttemptRecord, JobRecord, MasterState, NodeHealth, NodeRecord, time_profile
+from hopsmgr.master.state import (
+    AttemptRecord,
+    JobRecord,
+    MasterState,
+    NodeHealth,
+    NodeRecord,
+    calibration_json,
+    relative,
+    time_profile,
+)
 from hopsmgr.master.store import Store, StoreError
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, HeartbeatReply, Progress
 
@@ -79,7 +88,10 @@ class Controller:
         self.started = 0.0
         self.checkpoint_root = ""
         self.plans: dict[str, Plan] = {}
-        self.positions: dict[str, int] = {}  # queue position of each queued job in the latest plan
+        self.positions: dict[str, int] = {}
+        self.wait_ctx: tuple[float | None, Any] | None = (
+            None  # (plan time, PriorityContext) for views  # queue position of each queued job in the latest plan
+        )
         self.deferred: list[Callable[[], None]] | None = None  # estimator updates held while planning
         self.wake = asyncio.Event()  # something changed: a fragment plan may place work
         self.stop_done: dict[str, asyncio.Event] = {}
@@ -559,7 +571,9 @@ class Controller:
         calibration = node.calibration
         if beat.calibration is not None:
             try:
-                calibration = Calibration(**beat.calibration, source=beat.calibration_source or "measured")
+                # keys a run did not measure keep the operator's hints (or defaults), not silent 1.0s
+                merged = {**calibration_json(node.server.calibration), **beat.calibration}
+                calibration = Calibration(**merged, source=beat.calibration_source or "measured")
             except (ModelError, TypeError) as exc:
                 raise RequestError(400, "calibration", str(exc)) from exc
         changed = (
@@ -569,7 +583,10 @@ class Controller:
             or node.reported_gpus != beat.gpus
             or node.agent_version != beat.agent_version
         )
-        node.workdir, node.device_mode, node.calibration = beat.workdir, beat.device_mode, calibration
+        if calibration != node.calibration:
+            node.calibration = calibration
+            relative(list(self.state.nodes.values()))
+        node.workdir, node.device_mode = beat.workdir, beat.device_mode
         node.reported_gpus, node.agent_version = beat.gpus, beat.agent_version
         return changed
 

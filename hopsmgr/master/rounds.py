@@ -81,7 +81,10 @@ class RoundLoop:
                 await asyncio.wait_for(self.ctl.wake.wait(), timeout=next_first - now)
             except asyncio.TimeoutError:
                 continue
-            await asyncio.sleep(0.2)  # let a burst of events settle into one fragment plan
+            # Let a burst of events settle into one fragment plan, and keep plans apart by at least
+            # their own cost (a plan over 10,000 queued jobs is CPU work the API and heartbeats share).
+            gap = max(0.2, min(5.0, 2 * (self.round_s[-1] if self.round_s else 0.0)))
+            await asyncio.sleep(gap)
             await self._safe_round("fragment" if self.policy.fragment_plans else "first")
 
     async def _safe_round(self, kind: PlanKind) -> None:

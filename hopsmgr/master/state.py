@@ -8,7 +8,8 @@ applies the lifecycle table and appends the job's history event in the same tran
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import statistics
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hopsmgr.core.estimator import TimeProfile
@@ -224,6 +225,7 @@ class NodeRecord:
     agent_version: str = ""
     seen: bool = False  # a heartbeat arrived since this master started
     calibrate_requested: bool = False  # the operator asked for a calibration run (told at the next beat)
+    planning_calibration: Calibration | None = None  # `calibration` relative to its GPU type (relative())
 
     @property
     def id(self) -> str:
@@ -235,10 +237,12 @@ class NodeRecord:
         return gpus if self.reported_gpus is None else min(gpus, self.reported_gpus)
 
     def effective_server(self) -> Server:
-        if self.calibration is None:
+        """The server as the planner sees it: measured calibration relative to its type (see `relative`)."""
+        cal = self.planning_calibration or self.calibration
+        if cal is None:
             return self.server
         s = self.server
-        return Server(s.id, s.gpu_type, s.gpus, self.calibration, s.host_model, s.order)
+        return Server(s.id, s.gpu_type, s.gpus, cal, s.host_model, s.order)
 
     def to_row(self) -> Row:
         cal = self.calibration
@@ -254,6 +258,33 @@ class NodeRecord:
             "agent_version": self.agent_version,
             "last_beat": self.last_beat,
         }
+
+
+_FACTORS = ("compute_factor", "memory_factor", "data_factor")
+
+
+def relative(nodes: list[NodeRecord]) -> None:
+    """Set each node's planning calibration: measured or emulated factors divided by the median of its
+    GPU type's nodes with calibrations of the same kind, so a typical server of a type reads 1.0.
+
+    Kernels never reach datasheet peaks, so raw measured factors sit well below the 1.0 of servers
+    without measurements; the estimator only needs how servers of one type differ (profiles carry
+    each type's own speed), which the division keeps exactly.
+    """
+    groups: dict[tuple[str, str], list[NodeRecord]] = {}
+    for node in nodes:
+        cal = node.calibration
+        node.planning_calibration = None
+        if cal is not None and cal.source not in ("default", "hint"):
+            kind = "measured" if cal.source.startswith("measured") else cal.source
+            groups.setdefault((node.server.gpu_type, kind), []).append(node)
+    for members in groups.values():
+        medians = {f: statistics.median(getattr(n.calibration, f) for n in members) for f in _FACTORS}
+        for node in members:
+            assert node.calibration is not None
+            node.planning_calibration = replace(
+                node.calibration, **{f: getattr(node.calibration, f) / medians[f] for f in _FACTORS}
+            )
 
 
 def calibration_json(cal: Calibration) -> dict[str, float]:

@@ -31,7 +31,12 @@ def current_raqlr(ctl: Controller) -> float | None:
 
 
 def wait_context(ctl: Controller) -> PriorityContext:
-    return priority_context(build_snapshot(ctl.state, ctl.clock())[0], ctl.estimator)
+    """The priority context for wait estimates, rebuilt at most once per plan (it reads every job)."""
+    plan = _plan(ctl)
+    key = plan.now if plan is not None else None
+    if ctl.wait_ctx is None or ctl.wait_ctx[0] != key:
+        ctl.wait_ctx = (key, priority_context(build_snapshot(ctl.state, ctl.clock())[0], ctl.estimator))
+    return ctl.wait_ctx[1]
 
 
 def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None) -> dict[str, Any]:
@@ -145,12 +150,28 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "placement": summary["placement"],
         "unplaceable": None if plan is None else plan.unplaceable.get(row["id"]),
         "profiled_types": sorted(ctl.estimator.profiled_types(row["id"])),
+        "estimates": estimates(ctl, row["id"]),
         "reason": summary["reason"],
         "quota": tenant_view(ctl, tenant),
         "round": None
         if plan is None
         else {"time": plan.now, "kind": plan.kind, "method": plan.stats.method, "proven": plan.stats.proven},
     }
+
+
+def estimates(ctl: Controller, job_id: str) -> dict[str, float]:
+    """The estimator's samples/s for the job at its smallest GPU count on each node (live jobs only)."""
+    job = ctl.state.jobs.get(job_id)
+    if job is None:
+        return {}
+    gpus = job.spec.requirements.minimum
+    out: dict[str, float] = {}
+    for node in ctl.state.nodes.values():
+        if node.server.gpus >= gpus:
+            rate = ctl.estimator.per_gpu_rate(job.spec, node.effective_server(), gpus)
+            if rate is not None:
+                out[node.id] = round(rate * gpus, 4)
+    return out
 
 
 def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:

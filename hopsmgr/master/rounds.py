@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -54,6 +55,21 @@ def torchrun_argv(
         f"--rdzv_id={run_id}",
         *command,
     ]
+
+
+def _within_budget(runs: list[ProfilingRun], budget: int, at_least_one: bool = False) -> list[ProfilingRun]:
+    """The runs of whole jobs, in order, while they fit `budget` GPUs (one GPU a run); with
+    `at_least_one`, the first job's runs even when they do not fit."""
+    per_job = Counter(r.job_id for r in runs)
+    kept: list[ProfilingRun] = []
+    started: set[str] = set()
+    for r in runs:
+        if r.job_id not in started:
+            if len(kept) + per_job[r.job_id] > budget and not (at_least_one and not kept):
+                break
+            started.add(r.job_id)
+        kept.append(r)
+    return kept
 
 
 class RoundLoop:
@@ -123,7 +139,7 @@ class RoundLoop:
         ctl.deferred = []
         try:
             plan, runs = await asyncio.get_running_loop().run_in_executor(
-                self.pool, self._plan, snapshot, to_profile, waited, kind
+                self.pool, self._plan, snapshot, to_profile, waited, kind, self._profiling_budget()
             )
         finally:
             deferred, ctl.deferred = ctl.deferred, None
@@ -162,7 +178,12 @@ class RoundLoop:
         return plan
 
     def _plan(
-        self, snapshot: ClusterSnapshot, to_profile: list[JobSpec], waited: set[str], kind: PlanKind
+        self,
+        snapshot: ClusterSnapshot,
+        to_profile: list[JobSpec],
+        waited: set[str],
+        kind: PlanKind,
+        budget: int,
     ) -> tuple[Plan, list[ProfilingRun]]:
         """Runs in the planner thread on an immutable snapshot (estimator updates are held meanwhile)."""
         est = self.ctl.estimator
@@ -170,13 +191,16 @@ class RoundLoop:
         for view in snapshot.jobs:
             for sid, g in view.current.parts if view.current else ():
                 held[sid] = held.get(sid, 0) + g
-        runs = profiling_runs(to_profile, snapshot, est, held)
+        runs = _within_budget(profiling_runs(to_profile, snapshot, est, held), budget)
         if kind == "first":
-            starving = [j for j in to_profile if j.id in waited and not any(r.job_id == j.id for r in runs)]
+            have = {r.job_id for r in runs}
+            starving = [j for j in to_profile if j.id in waited and j.id not in have]
             taken: dict[str, int] = {}
             for r in runs:
                 taken[r.server_id] = taken.get(r.server_id, 0) + 1
-            runs += profiling_runs(starving, snapshot, est, taken) if starving else []
+            if starving:  # at least one job a round, whatever the budget: new work always gets profiled
+                extra = profiling_runs(starving, snapshot, est, taken)
+                runs += _within_budget(extra, budget - len(runs), at_least_one=True)
         profiled = {r.job_id for r in runs}
         capacity = dict(snapshot.capacity)
         for r in runs:
@@ -290,6 +314,12 @@ class RoundLoop:
                 job, JobState.LAUNCHING, now, "launching", f"{attempt.id} on {action.config}"
             )
         return attempt
+
+    def _profiling_budget(self) -> int:
+        """[ours] GPUs profiling runs may take now: a quarter of the cluster at most, so a burst of new
+        jobs cannot keep queued work off the GPUs (each new job still gets profiled, a few at a time)."""
+        running = sum(a.placement.gpus for a in self.ctl.state.attempts.values() if a.profiling)
+        return max(0, max(1, self.ctl.state.total_gpus // 4) - running)
 
     async def _launch(self, action: Launch, attempt: AttemptRecord) -> None:
         ctl = self.ctl

@@ -45,3 +45,17 @@ def test_launch_args_keep_argv_after_the_separator_verbatim() -> None:
     sep = args.index("--")
     assert args[sep + 1 :] == ["python", "-c", "print(1); $(touch x)", "--", "`id`"]
     assert args[:sep].count("--env") == 2 and "A=x y" in args and "0,2" in args and "--epoch" in args
+
+
+def test_profiling_budget_keeps_whole_jobs_in_order() -> None:
+    from hopsmgr.core.planner import ProfilingRun
+    from hopsmgr.master.rounds import _within_budget
+
+    runs = [
+        ProfilingRun(j, f"s{k}", t)
+        for k, (j, t) in enumerate([("a", "x"), ("a", "y"), ("b", "x"), ("b", "y"), ("c", "x")])
+    ]
+    assert [r.job_id for r in _within_budget(runs, 3)] == ["a", "a"]
+    assert [r.job_id for r in _within_budget(runs, 4)] == ["a", "a", "b", "b"]
+    assert _within_budget(runs, 1) == []
+    assert [r.job_id for r in _within_budget(runs, 0, at_least_one=True)] == ["a", "a"]

@@ -23,7 +23,7 @@ import structlog
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec
 from hopsmgr.core.planner import Plan, PlanKind, ProfilingRun, profiling_runs
-from hopsmgr.core.reconcile import CheckpointStop, Launch, ReconcileError, reconcile
+from hopsmgr.core.reconcile import Action, CheckpointStop, Launch, ReconcileError, reconcile
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError, LaunchOrder
 from hopsmgr.master.state import AttemptRecord, build_snapshot
@@ -31,6 +31,7 @@ from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")
 _PROFILE_KEY = "~profile~"
+ACTION_CHUNK = 200
 
 
 def rendezvous_port(attempt_id: str) -> int:
@@ -148,7 +149,7 @@ class RoundLoop:
         ctl.plans[kind] = plan
         if kind == "first":
             ctl.plans["fragment"] = plan
-        launches, stops = self._act(plan, runs, snapshot, kind)
+        launches, stops = await self._act(plan, runs, snapshot, kind)
         queued = [j for j in plan.order if j in ctl.state.jobs and ctl.state.jobs[j].state == JobState.QUEUED]
         ctl.positions = {j: i + 1 for i, j in enumerate(queued)}
         elapsed = time.perf_counter() - t0
@@ -211,7 +212,7 @@ class RoundLoop:
             return Plan(kind, snapshot.now, {}), runs
         return self.policy.plan(reduced, est, kind, time.perf_counter), runs
 
-    def _act(
+    async def _act(
         self, plan: Plan, runs: list[ProfilingRun], snapshot: ClusterSnapshot, kind: PlanKind
     ) -> tuple[int, int]:
         ctl = self.ctl
@@ -246,14 +247,36 @@ class RoundLoop:
         except ReconcileError as exc:  # state moved while planning: skip this plan, the next one repairs
             log.warning("plan_skipped", error=str(exc))
             return 0, 0
-        launches: list[tuple[Launch, AttemptRecord]] = []
+        launches = stops = 0
+        # Persist then act, a chunk at a time, yielding in between: thousands of launches must not hold
+        # the event loop (heartbeats and API calls keep being served while a big plan is applied).
+        for start in range(0, len(actions), ACTION_CHUNK):
+            chunk_stops, chunk_launches = self._persist(actions[start : start + ACTION_CHUNK])
+            for attempt in chunk_stops:
+                ctl.spawn(ctl._stop_attempt(attempt, checkpoint=True, reason="preempted"))
+            for action, attempt in chunk_launches:
+                ctl.spawn(self._launch(action, attempt))
+            stops += len(chunk_stops)
+            launches += len(chunk_launches)
+            await asyncio.sleep(0)
+        return launches, stops
+
+    def _persist(
+        self, actions: list[Action]
+    ) -> tuple[list[AttemptRecord], list[tuple[Launch, AttemptRecord]]]:
+        """One transaction for a chunk of actions; actions that state changes made moot are skipped."""
+        ctl = self.ctl
+        state = ctl.state
         stops: list[AttemptRecord] = []
+        launches: list[tuple[Launch, AttemptRecord]] = []
         now = ctl.clock()
         with ctl.store.transaction():
             for action in actions:
                 if isinstance(action, CheckpointStop):
-                    job = state.jobs[action.job_id]
-                    attempt = state.attempts[job.attempt or ""]
+                    job = state.jobs.get(action.job_id)
+                    attempt = state.attempts.get(job.attempt or "") if job is not None else None
+                    if job is None or attempt is None or attempt.stopping:
+                        continue
                     attempt.stopping = True
                     ctl.store.update_attempt(attempt.id, stopping=1)
                     ctl.stop_done[job.id] = asyncio.Event()
@@ -265,13 +288,17 @@ class RoundLoop:
                         f"checkpoint-and-stop of {attempt.id} on {attempt.placement}",
                     )
                     stops.append(attempt)
-                elif isinstance(action, Launch):
+                elif self._still_wanted(action):
                     launches.append((action, self._new_attempt(action, now)))
-        for attempt in stops:
-            ctl.spawn(ctl._stop_attempt(attempt, checkpoint=True, reason="preempted"))
-        for action, attempt in launches:
-            ctl.spawn(self._launch(action, attempt))
-        return len(launches), len(stops)
+        return stops, launches
+
+    def _still_wanted(self, action: Launch) -> bool:
+        job = self.ctl.state.jobs.get(action.job_id.split(_PROFILE_KEY)[0])
+        if job is None:
+            return False
+        if _PROFILE_KEY in action.job_id:
+            return job.state in (JobState.PENDING, JobState.QUEUED) and job.attempt is None
+        return job.state == JobState.CHECKPOINTING or (job.state == JobState.QUEUED and job.attempt is None)
 
     def _new_attempt(self, action: Launch, now: float) -> AttemptRecord:
         ctl = self.ctl

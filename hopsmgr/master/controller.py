@@ -22,6 +22,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import LIVE, JobState
 from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
 from hopsmgr.core.planner import Plan
+from hopsmgr.master import faults
 from hopsmgr.master.executor import Executor, ExecutorError, NodeTarget
 from hopsmgr.master.state import (
     AttemptRecord,
@@ -317,6 +318,7 @@ class Controller:
                     result = await self.executor.checkpoint(
                         self.target(node_id), attempt.id, self.epoch, grace, 10.0
                     )
+                    faults.point("stop.after_command")  # test-only crash hook (hopsmgr.master.faults)
                 else:
                     result = await self.executor.stop(self.target(node_id), attempt.id, self.epoch, 10.0)
             except ExecutorError as exc:
@@ -477,7 +479,7 @@ class Controller:
         now = self.clock()
         if progress.samples_per_s > 0 and progress.mode == "run" and now - attempt.last_observed >= 10.0:
             attempt.last_observed = now
-            servers = {n.id: n.effective_server() for n in self.state.nodes.values()}
+            servers = {sid: self.state.nodes[sid].effective_server() for sid in attempt.placement.servers}
             placement, rate, spec = attempt.placement, progress.samples_per_s, job.spec
             self.with_estimator(lambda: self.estimator.observe(spec.id, placement, servers, rate, job=spec))
             self.throughput.append((job.id, now, placement.as_dict(), rate))  # written by flush()

@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import ssl
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -113,6 +114,9 @@ class MasterProcess:
         self.executor = executor
 
     async def start(self) -> str:
+        # The planner thread is mostly Python: hand the interpreter lock back to the event loop every
+        # millisecond (default 5 ms) so heartbeats and API calls wait less while a plan is computed.
+        sys.setswitchinterval(0.001)
         tls = check_listen(self.config)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         store = Store(self.state_dir / "state.db")

@@ -226,6 +226,7 @@ class NodeRecord:
     seen: bool = False  # a heartbeat arrived since this master started
     calibrate_requested: bool = False  # the operator asked for a calibration run (told at the next beat)
     planning_calibration: Calibration | None = None  # `calibration` relative to its GPU type (relative())
+    server_cache: Server | None = None  # effective_server(), rebuilt when the calibration object changes
 
     @property
     def id(self) -> str:
@@ -241,8 +242,11 @@ class NodeRecord:
         cal = self.planning_calibration or self.calibration
         if cal is None:
             return self.server
-        s = self.server
-        return Server(s.id, s.gpu_type, s.gpus, cal, s.host_model, s.order)
+        cached = self.server_cache
+        if cached is None or cached.calibration is not cal:
+            s = self.server
+            cached = self.server_cache = Server(s.id, s.gpu_type, s.gpus, cal, s.host_model, s.order)
+        return cached
 
     def to_row(self) -> Row:
         cal = self.calibration

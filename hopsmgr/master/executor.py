@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hopsmgr.master import faults
+
 
 class ExecutorError(RuntimeError):
     """A command did not do what it should: `kind` is unreachable | auth | hostkey | refused | failed."""
@@ -126,6 +128,7 @@ class LocalExecutor:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
+        faults.point(f"{args[0]}.in_command")  # test-only crash hook (hopsmgr.master.faults)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), timeout_s or self.timeout_s)
         except asyncio.TimeoutError:

@@ -24,9 +24,10 @@ from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec
 from hopsmgr.core.planner import Plan, PlanKind, ProfilingRun, profiling_runs
 from hopsmgr.core.reconcile import Action, CheckpointStop, Launch, ReconcileError, reconcile
+from hopsmgr.master import checkpoints, faults
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError, LaunchOrder
-from hopsmgr.master.state import AttemptRecord, build_snapshot
+from hopsmgr.master.state import AttemptRecord, JobRecord, NodeHealth, build_snapshot
 from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")
@@ -252,6 +253,8 @@ class RoundLoop:
         # the event loop (heartbeats and API calls keep being served while a big plan is applied).
         for start in range(0, len(actions), ACTION_CHUNK):
             chunk_stops, chunk_launches = self._persist(actions[start : start + ACTION_CHUNK])
+            faults.point("launch.after_store" if chunk_launches else "")  # test-only crash hooks
+            faults.point("stop.after_store" if chunk_stops else "")
             for attempt in chunk_stops:
                 ctl.spawn(ctl._stop_attempt(attempt, checkpoint=True, reason="preempted"))
             for action, attempt in chunk_launches:
@@ -270,6 +273,7 @@ class RoundLoop:
         stops: list[AttemptRecord] = []
         launches: list[tuple[Launch, AttemptRecord]] = []
         now = ctl.clock()
+        faults.point("launch.before_store")  # test-only crash hook (hopsmgr.master.faults)
         with ctl.store.transaction():
             for action in actions:
                 if isinstance(action, CheckpointStop):
@@ -342,6 +346,51 @@ class RoundLoop:
             )
         return attempt
 
+    async def _bring_checkpoint(self, job: JobRecord, attempt: AttemptRecord) -> None:
+        """Without a shared filesystem: copy the job's latest verified checkpoint from the node of its
+        last run to every node of the new placement (each rank resumes from its own node's copy)."""
+        ctl = self.ctl
+        previous = [
+            a
+            for a in ctl.store.attempts(job.id)
+            if not a["profiling"] and a["started"] is not None and a["id"] != attempt.id
+        ]
+        if not previous:
+            return
+        source = next(iter(previous[-1]["placement"]))
+        if source not in ctl.state.nodes or ctl.state.nodes[source].health == NodeHealth.LOST:
+            ctl.state.event(
+                job,
+                ctl.clock(),
+                "checkpoint_not_moved",
+                f"{source} is gone: resumes from what the new nodes hold",
+            )
+            return
+        for node_id in attempt.placement.servers:
+            if node_id == source:
+                continue
+            try:
+                moved = await checkpoints.move_latest(
+                    ctl.executor,
+                    ctl.target(source),
+                    ctl.target(node_id),
+                    job.id,
+                    spool_dir=ctl.checkpoint_root or None,
+                )
+            except ExecutorError as exc:
+                if exc.kind != "failed":
+                    raise  # the launch fails and the job is requeued: the checkpoint's node may come back
+                ctl.state.event(
+                    job, ctl.clock(), "checkpoint_not_moved", f"{source} -> {node_id}: {exc.message}"
+                )
+                continue
+            ctl.state.event(
+                job,
+                ctl.clock(),
+                "checkpoint_moved",
+                f"{moved.file} {source} -> {node_id}: {moved.bytes} B in {moved.seconds:.1f} s",
+            )
+
     def _profiling_budget(self) -> int:
         """[ours] GPUs profiling runs may take now: a quarter of the cluster at most, so a burst of new
         jobs cannot keep queued work off the GPUs (each new job still gets profiled, a few at a time)."""
@@ -368,7 +417,10 @@ class RoundLoop:
                 job, JobState.LAUNCHING, ctl.clock(), "launching", f"{attempt.id} on {attempt.placement}"
             )
         parts = attempt.placement.parts
+        shared = ctl.config.master.checkpoint_shared
         try:
+            if not shared and attempt.resume and not attempt.profiling:
+                await self._bring_checkpoint(job, attempt)
             for rank, (node_id, gpus) in enumerate(parts):
                 node = ctl.state.nodes[node_id]
                 if not node.workdir:
@@ -399,13 +451,17 @@ class RoundLoop:
                     visible_devices=attempt.devices.get(node_id, []),
                     env=env,
                     cwd=job.workdir,
-                    checkpoint_dir=f"{ctl.checkpoint_root}/{job.id}" if ctl.checkpoint_root else "",
+                    # shared: one directory on the shared filesystem; else the node's own (the default)
+                    checkpoint_dir=f"{ctl.checkpoint_root}/{job.id}"
+                    if shared and ctl.checkpoint_root
+                    else "",
                     profile_iters=ctl.config.scheduler.profiling_iterations,
                     emulated_speed=cal.compute_factor
                     if cal is not None and node.device_mode == "emulated"
                     else None,
                 )
                 await ctl.executor.launch(ctl.target(node_id), order)
+                faults.point("launch.after_command" if rank == 0 else "")  # test-only crash hook
         except ExecutorError as exc:
             log.warning("launch_failed", attempt_id=attempt.id, job_id=attempt.job_id, error=str(exc))
             # "failed": the node ran the wrapper and it could not start the command (the job's fault);

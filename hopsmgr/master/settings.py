@@ -24,6 +24,9 @@ class MasterSettings:
     cluster_token_file: str = ""  # default: <state_dir>/cluster.token
     executor: str = "local"
     checkpoint_root: str = ""  # default: <state_dir>/checkpoints (a shared filesystem for local nodes)
+    # false = each node keeps checkpoints under its own work dir and the master copies the latest
+    # verified checkpoint to the next node over SFTP before a job resumes elsewhere
+    checkpoint_shared: bool = True
     heartbeat_interval_s: float = 5.0
     suspect_after_s: float = 15.0
     lost_after_s: float = 60.0
@@ -47,6 +50,8 @@ class MasterSettings:
             raise bad("executor", f"must be one of {', '.join(EXECUTORS)}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise bad("tls_cert", "tls_cert and tls_key must be given together")
+        if not isinstance(self.checkpoint_shared, bool):
+            raise bad("checkpoint_shared", "must be true or false")
         if not self.heartbeat_interval_s > 0:
             raise bad("heartbeat_interval_s", "must be > 0")
         if not self.suspect_after_s > self.heartbeat_interval_s:

@@ -17,22 +17,42 @@ records it once confirmed. Failures raise `ExecutorError` with kind:
     hostkey      the node's host key is unknown or differs from known_hosts
     refused      the wrapper refused the command: stale epoch (exit 3)
     failed       the wrapper failed (any other non-zero exit, or no exit status)
+
+`copy_checkpoint` moves a job's newest verified checkpoint between two nodes' work directories over SFTP
+through the master (hopsmgr.master.checkpoints describes the convention and the local counterpart); it
+raises "failed" when the source holds no verified checkpoint or a file operation fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
+import hashlib
 import json
+import posixpath
 import shlex
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import asyncssh
 import structlog
 
 from hopsmgr.config import ClusterConfig
+from hopsmgr.master.checkpoints import (
+    CHUNK,
+    MAX_SIDECAR,
+    Sidecar,
+    candidates,
+    node_checkpoint_dir,
+    parse_sidecar,
+    result,
+    temp_name,
+)
 from hopsmgr.master.executor import (
     ExecutorError,
     ExitInfo,
@@ -48,6 +68,7 @@ log = structlog.get_logger("hopsmgr.master.ssh")
 DEFAULT_KEY = Path("~/.ssh/id_ed25519")
 KEEPALIVE_COUNT_MAX = 3
 OPEN_RETRY_S = (0.05, 0.1, 0.2, 0.4, 0.8)  # waits between refused channel opens
+T = TypeVar("T")
 
 
 @dataclass
@@ -83,6 +104,15 @@ def classify(exc: BaseException, where: str) -> ExecutorError:
     if isinstance(exc, OSError):
         return ExecutorError("unreachable", f"{where}: {exc.strerror or exc}")
     return ExecutorError("failed", f"{where}: {type(exc).__name__}: {exc}")
+
+
+def sftp_error(exc: BaseException, where: str) -> ExecutorError:
+    """`classify`, except that a lost SFTP session is "unreachable" and other SFTP errors "failed"."""
+    if isinstance(exc, (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection)):
+        return ExecutorError("unreachable", f"{where}: connection lost ({exc.reason})")
+    if isinstance(exc, asyncssh.SFTPError):
+        return ExecutorError("failed", f"{where}: {exc.reason}")
+    return classify(exc, where)
 
 
 def parse_reply(
@@ -228,6 +258,171 @@ class SshExecutor:
         args = ["status", "--workdir", target.workdir, *(["--attempt", attempt] if attempt else [])]
         return await self._run(target, args)
 
+    # -- checkpoint transfer (nodes without a shared filesystem) ----------------------------------------
+
+    async def copy_checkpoint(
+        self, src: NodeTarget, dst: NodeTarget, job_id: str, *, spool_dir: str | None = None
+    ) -> dict[str, Any]:
+        """Copy `job_id`'s newest verified checkpoint from `src`'s work directory to `dst`'s over SFTP.
+
+        Both sides use `<workdir>/checkpoints/<job id>`. Newest first, each checkpoint whose sidecar is
+        well formed and whose data file has the sidecar's size is downloaded into a temp file under
+        `spool_dir` (default: the system temp dir) while it is hashed; the first whose sha256 matches is
+        uploaded to a temp name on `dst`, fsynced, its size checked (stat), renamed into place
+        (posix-rename), and its sidecar written the same way last. Nothing on `src` is changed. Returns
+        file, iteration, bytes, seconds, mb_per_s, download_s, upload_s, src_dir, dst_dir and skipped
+        (newer checkpoints that did not verify). Raises ExecutorError "failed" when no checkpoint
+        verifies or a file operation fails, else as the other commands do.
+        """
+        src_dir = node_checkpoint_dir(src.workdir, job_id)
+        dst_dir = node_checkpoint_dir(dst.workdir, job_id)
+        started = time.monotonic()
+        try:
+            spool = tempfile.TemporaryDirectory(prefix=".hops-ckpt-", dir=spool_dir)
+        except OSError as exc:
+            raise ExecutorError("failed", f"master spool {spool_dir}: {exc.strerror or exc}") from None
+        with spool:
+            local = Path(spool.name) / "checkpoint"
+
+            async def fetch(sftp: asyncssh.SFTPClient) -> tuple[Sidecar, list[str]]:
+                return await self._fetch_verified(sftp, src.node, src_dir, local)
+
+            sidecar, skipped = await self._with_sftp(src, f"checkpoint from {src_dir}", fetch)
+            fetched = time.monotonic()
+
+            async def put(sftp: asyncssh.SFTPClient) -> None:
+                await self._put_checkpoint(sftp, dst.node, dst_dir, local, sidecar)
+
+            await self._with_sftp(dst, f"checkpoint to {dst_dir}", put)
+        done = time.monotonic()
+        reply = result(sidecar, src_dir, dst_dir, done - started, skipped)
+        reply.update(download_s=fetched - started, upload_s=done - fetched)
+        log.info("checkpoint_copied", job_id=job_id, src=src.node, dst=dst.node, **reply)
+        return reply
+
+    async def _with_sftp(
+        self, target: NodeTarget, what: str, body: Callable[[asyncssh.SFTPClient], Awaitable[T]]
+    ) -> T:
+        """Run `body` with an SFTP session on the target's node (one of its `ssh_max_channels`)."""
+        node = self._node(target.node)
+        where = f"{node.id}: {what}"
+        async with node.channels:
+            conn = await self._connection(node)
+            try:
+                sftp = await asyncio.wait_for(conn.start_sftp_client(), self.timeout_s)
+            except Exception as exc:
+                raise sftp_error(exc, f"{where}: sftp session") from None
+            try:
+                async with sftp:
+                    value = await body(sftp)
+            except ExecutorError:
+                raise
+            except Exception as exc:
+                raise sftp_error(exc, where) from None
+        return value
+
+    async def _io(self, op: Awaitable[T]) -> T:
+        """One SFTP request or transfer chunk, bounded by the command timeout (a stall is unreachable)."""
+        return await asyncio.wait_for(op, self.timeout_s)
+
+    async def _fetch_verified(
+        self, sftp: asyncssh.SFTPClient, node: str, src_dir: str, local: Path
+    ) -> tuple[Sidecar, list[str]]:
+        """Download the newest checkpoint of `src_dir` that verifies into `local`: its sidecar, and the
+        names of newer ones that did not verify."""
+        try:
+            names = await self._io(sftp.listdir(src_dir))
+        except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPNoSuchPath, asyncssh.SFTPNotADirectory):
+            raise ExecutorError("failed", f"{node}: no checkpoint directory {src_dir}") from None
+        skipped: list[str] = []
+        for iteration, name in candidates(str(n) for n in names):
+            raw = await self._read_small(sftp, posixpath.join(src_dir, name))
+            sidecar = parse_sidecar(iteration, raw) if raw is not None else None
+            if sidecar is None:
+                skipped.append(name)
+            elif await self._download(sftp, posixpath.join(src_dir, sidecar.data_name), local, sidecar):
+                return sidecar, skipped
+            else:
+                skipped.append(sidecar.data_name)
+                log.warning("checkpoint_not_verified", node=node, file=posixpath.join(src_dir, name))
+        raise ExecutorError(
+            "failed", f"{node}: no verified checkpoint in {src_dir} (not verified: {skipped or 'none'})"
+        )
+
+    async def _read_small(self, sftp: asyncssh.SFTPClient, path: str) -> bytes | None:
+        try:
+            async with await self._io(sftp.open(path, "rb")) as f:
+                raw = await self._io(f.read(MAX_SIDECAR + 1))
+        except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPPermissionDenied, asyncssh.SFTPFailure):
+            return None
+        return raw if isinstance(raw, bytes) and len(raw) <= MAX_SIDECAR else None
+
+    async def _download(self, sftp: asyncssh.SFTPClient, path: str, local: Path, sidecar: Sidecar) -> bool:
+        """Copy `path` to `local`, hashing as it comes; whether its size and sha256 match `sidecar`."""
+        try:
+            f = await self._io(sftp.open(path, "rb"))
+        except (asyncssh.SFTPNoSuchFile, asyncssh.SFTPPermissionDenied):
+            return False
+        digest, size = hashlib.sha256(), 0
+        async with f:
+            if (await self._io(f.stat())).size != sidecar.size:
+                return False
+            out = _open_spool(local, "wb")
+            pending: asyncio.Future[bytes] = asyncio.ensure_future(f.read(CHUNK, 0))
+            try:
+                with out:
+                    while chunk := await self._io(pending):
+                        size += len(chunk)
+                        if size > sidecar.size:
+                            break
+                        pending = asyncio.ensure_future(f.read(CHUNK, size))  # the next chunk meanwhile
+                        await asyncio.to_thread(_absorb, digest, out, chunk, local)
+            finally:
+                pending.cancel()
+                with contextlib.suppress(BaseException):
+                    await pending
+        return size == sidecar.size and digest.hexdigest() == sidecar.sha256
+
+    async def _put_checkpoint(
+        self, sftp: asyncssh.SFTPClient, node: str, dst_dir: str, local: Path, sidecar: Sidecar
+    ) -> None:
+        """Upload `local` and then the sidecar into `dst_dir`, each through a temp name and a rename."""
+        await self._io(sftp.makedirs(dst_dir, exist_ok=True))
+        source = _open_spool(local, "rb")
+        with source:
+            await self._put_file(sftp, node, dst_dir, sidecar.data_name, sidecar.size, source)
+        await self._put_file(sftp, node, dst_dir, sidecar.name, len(sidecar.raw), sidecar.raw)
+
+    async def _put_file(
+        self,
+        sftp: asyncssh.SFTPClient,
+        node: str,
+        dst_dir: str,
+        name: str,
+        size: int,
+        data: IO[bytes] | bytes,
+    ) -> None:
+        tmp = posixpath.join(dst_dir, temp_name(name))
+        try:
+            async with await self._io(sftp.open(tmp, "wb")) as f:
+                if isinstance(data, bytes):
+                    await self._io(f.write(data, 0))
+                else:
+                    offset = 0
+                    while chunk := await asyncio.to_thread(_spool_read, data, CHUNK):
+                        await self._io(f.write(chunk, offset))
+                        offset += len(chunk)
+                with contextlib.suppress(asyncssh.SFTPOpUnsupported):  # no fsync@openssh.com
+                    await self._io(f.fsync())
+            written = (await self._io(sftp.stat(tmp))).size
+            if written != size:
+                raise ExecutorError("failed", f"{node}: {tmp} has {written} bytes after upload, not {size}")
+            await self._io(sftp.posix_rename(tmp, posixpath.join(dst_dir, name)))
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(sftp.remove(tmp), 5)
+            raise
+
     async def close(self) -> None:
         conns = [n.conn for n in self._nodes.values() if n.conn is not None]
         for node in self._nodes.values():
@@ -260,6 +455,29 @@ async def _execute(conn: asyncssh.SSHClientConnection, command: str) -> asyncssh
         proc.close()
     await proc.wait_closed()
     return result
+
+
+def _open_spool(path: Path, mode: str) -> IO[bytes]:
+    try:
+        return open(path, mode)
+    except OSError as exc:
+        raise ExecutorError("failed", f"master spool {path}: {exc.strerror or exc}") from None
+
+
+def _absorb(digest: Any, out: IO[bytes], chunk: bytes, path: Path) -> None:
+    """Hash and spool one downloaded chunk (in a worker thread: hashlib and writes release the GIL)."""
+    digest.update(chunk)
+    try:
+        out.write(chunk)
+    except OSError as exc:
+        raise ExecutorError("failed", f"master spool {path}: {exc.strerror or exc}") from None
+
+
+def _spool_read(source: IO[bytes], size: int) -> bytes:
+    try:
+        return source.read(size)
+    except OSError as exc:
+        raise ExecutorError("failed", f"master spool: {exc.strerror or exc}") from None
 
 
 def _text(data: object) -> str:

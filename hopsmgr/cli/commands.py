@@ -18,6 +18,7 @@ import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hopsmgr.cli import render
@@ -272,6 +273,14 @@ def cmd_logs(args: argparse.Namespace, client: ApiClient) -> int:
     return 0
 
 
+def _nodes_entry(args: argparse.Namespace) -> int:
+    if args.action == "add":
+        from hopsmgr.cli.nodekeys import add_node_key
+
+        return add_node_key(args)
+    return run_command(args)
+
+
 def _check_nodes(args: argparse.Namespace) -> None:
     if args.action is not None and not args.node:
         raise UsageError(f"nodes {args.action}: a node id is required")
@@ -456,8 +465,14 @@ def register(subparsers: Any) -> None:
         common,
         check=_check_nodes,
     )
-    nodes.add_argument("action", nargs="?", choices=["show", "calibrate"], help="act on one node")
-    nodes.add_argument("node", nargs="?", help="node id (with show or calibrate)")
+    nodes.add_argument("action", nargs="?", choices=["show", "calibrate", "add"], help="act on one node")
+    nodes.add_argument("node", nargs="?", help="node id (with show, calibrate or add)")
+    nodes.add_argument("--config", help="with add: the cluster TOML file (the node's address and SSH port)")
+    nodes.add_argument(
+        "--state-dir", type=Path, help="with add: the master's state directory (its known_hosts)"
+    )
+    nodes.add_argument("--fingerprint", help="with add: trust the key only if it has this SHA256 fingerprint")
+    nodes.set_defaults(func=_nodes_entry)
     for name, func, help_text in (
         ("drain", cmd_drain, "stop placing jobs on a node (admin)"),
         ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),

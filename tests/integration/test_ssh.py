@@ -455,3 +455,47 @@ def test_master_runs_jobs_over_ssh(sshd: Sshd, tmp_path: Path) -> None:
     master_log = (tmp_path / "master.log").read_text()
     assert '"ssh_connected"' in master_log and '"executor": "ssh"' in master_log
     assert sshd.log.count("Accepted publickey") > before  # the commands went over SSH
+
+
+def test_nodes_add_records_a_host_key_only_when_its_fingerprint_is_confirmed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    server = Sshd.start(tmp_path / "sshd")
+    try:
+        state = tmp_path / "state"
+        config = tmp_path / "cluster.toml"
+        config.write_text(
+            f'[[servers]]\nid = "n1"\ngpu_type = "v100"\ngpus = 1\naddress = "127.0.0.1"\nssh_port = {server.port}\n'
+        )
+        real = subprocess.run(
+            ["ssh-keygen", "-lf", str(server.host_key) + ".pub"], capture_output=True, text=True
+        )
+        want = real.stdout.split()[1]
+        run = [
+            sys.executable,
+            "-m",
+            "hopsmgr.cli.main",
+            "nodes",
+            "add",
+            "n1",
+            "--config",
+            str(config),
+            "--state-dir",
+            str(state),
+        ]
+        wrong = subprocess.run(
+            [*run, "--fingerprint", "SHA256:not-this-one"], capture_output=True, text=True, timeout=60
+        )
+        assert wrong.returncode == 1 and "nothing recorded" in wrong.stderr
+        assert not (state / "known_hosts").exists()
+        unconfirmed = subprocess.run(
+            run, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+        )
+        assert unconfirmed.returncode == 2 and not (state / "known_hosts").exists()
+        ok = subprocess.run([*run, "--fingerprint", want], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        assert want in ok.stdout
+        assert f"[127.0.0.1]:{server.port}" in (state / "known_hosts").read_text()
+    finally:
+        server.stop()

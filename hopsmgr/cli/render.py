@@ -288,7 +288,11 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
                 ",".join(running) or DASH,
             )
         )
-    return table(headers, rows)
+    out = table(headers, rows)
+    errors = [f"{n.get('id')}: {n['command_error']}" for n in nodes if n.get("command_error")]
+    if errors:  # a node the master could not reach takes no new work for a while
+        out += "\n\ncommand errors:\n" + "\n".join(f"  {e}" for e in errors)
+    return out
 
 
 def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:

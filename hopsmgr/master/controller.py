@@ -324,6 +324,7 @@ class Controller:
             except ExecutorError as exc:
                 error = str(exc)
                 result = None
+                self.node_error(node_id, exc)
             if index == 0:
                 info = result
         if attempt.id not in self.state.attempts:
@@ -422,12 +423,11 @@ class Controller:
             self._set(job, JobState.FAILED, "failed", message)
             return
         if not job.profiling and job.state == JobState.PROFILING:
-            self._set(
-                job,
-                JobState.QUEUED,
-                "queued",
-                "profiled" if self.estimator.profiled_types(job.id) else reason,
+            profiled = self.estimator.profiled_types(job.id)
+            why = (
+                "profiled" if profiled else f"profiling run {attempt.id} on {node.id} {reason}: {tail[-300:]}"
             )
+            self._set(job, JobState.QUEUED, "queued", why.strip())
 
     def _end_run(
         self,
@@ -458,6 +458,8 @@ class Controller:
             if reason == "node_lost":
                 job.node_losses += 1
             how = "checkpointed" if checkpointed else f"{reason} (exit {code})"
+            if tail and not checkpointed:
+                how += f": {tail[-300:]}"
             resume = "from its checkpoint" if job.has_checkpoint else "from the start"
             self._set(job, JobState.QUEUED, "requeued", f"attempt {attempt.id} {how}; resumes {resume}")
         else:
@@ -519,6 +521,10 @@ class Controller:
                     continue
                 if not attempt.launched:
                     self._adopt(attempt, now)
+                if attempt.stopping and attempt.job_id not in self.stop_done and node.id == attempt.primary:
+                    # a checkpoint-and-stop stored before a master restart and never carried out
+                    self.stop_done[attempt.job_id] = asyncio.Event()
+                    self.spawn(self._stop_attempt(attempt, checkpoint=True, reason="preempted"))
                 attempt.unseen_beats = 0
                 if run.progress is not None and node.id == attempt.primary:
                     self._progress(attempt, run.progress)
@@ -664,6 +670,15 @@ class Controller:
             elif since > self.settings.suspect_after_s and node.health == NodeHealth.HEALTHY:
                 node.health = NodeHealth.SUSPECT
                 log.warning("node_suspect", node=node.id, since_s=round(since, 1))
+
+    def node_error(self, node_id: str, exc: ExecutorError) -> None:
+        """A command could not reach or act on a node: no new placements there for a while."""
+        node = self.state.nodes.get(node_id)
+        if node is None or exc.kind not in ("unreachable", "auth", "hostkey"):
+            return
+        node.exec_error = str(exc)
+        node.exec_error_at = self.clock()
+        log.warning("node_command_failed", node=node_id, kind=exc.kind, error=exc.message)
 
     def request_calibration(self, node_id: str) -> NodeRecord:
         node = self.state.nodes.get(node_id)

@@ -464,6 +464,9 @@ class RoundLoop:
                 faults.point("launch.after_command" if rank == 0 else "")  # test-only crash hook
         except ExecutorError as exc:
             log.warning("launch_failed", attempt_id=attempt.id, job_id=attempt.job_id, error=str(exc))
+            for node_id in attempt.placement.servers:
+                if node_id in str(exc) or len(attempt.placement.parts) == 1:
+                    ctl.node_error(node_id, exc)
             # "failed": the node ran the wrapper and it could not start the command (the job's fault);
             # anything else is the node's (unreachable, refused): the job goes back to the queue.
             reason = "launch_error" if exc.kind == "failed" else "launch_failed"

@@ -27,6 +27,8 @@ from hopsmgr.core.model import (
 from hopsmgr.master.store import Row, Store
 from hopsmgr.protocol import Progress
 
+EXEC_ERROR_BACKOFF_S = 60.0  # no new placements on a node for this long after a command could not reach it
+
 
 class NodeHealth:
     HEALTHY = "HEALTHY"
@@ -227,6 +229,10 @@ class NodeRecord:
     calibrate_requested: bool = False  # the operator asked for a calibration run (told at the next beat)
     planning_calibration: Calibration | None = None  # `calibration` relative to its GPU type (relative())
     server_cache: Server | None = None  # effective_server(), rebuilt when the calibration object changes
+    exec_error: str = (
+        ""  # the last command that could not reach or act on it (SSH unreachable, auth, host key)
+    )
+    exec_error_at: float = -1e18
 
     @property
     def id(self) -> str:
@@ -440,7 +446,8 @@ def build_snapshot(state: MasterState, now: float) -> tuple[ClusterSnapshot, lis
                 fixed[sid] = fixed.get(sid, 0) + g
     capacity: dict[str, int] = {}
     for node in state.nodes.values():
-        if node.health == NodeHealth.HEALTHY and not node.drained:
+        recent_error = now - node.exec_error_at < EXEC_ERROR_BACKOFF_S
+        if node.health == NodeHealth.HEALTHY and not node.drained and not recent_error:
             usable = node.usable_gpus
         else:
             usable = held.get(node.id, 0)

@@ -194,6 +194,8 @@ def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
         "calibration": {**calibration_json(cal), "source": cal.source},
         "last_beat_s": None if node.last_beat is None else round(ctl.clock() - node.last_beat, 3),
         "free_gpus": max(0, node.usable_gpus - used),
+        "command_error": node.exec_error or None,
+        "command_error_s": None if not node.exec_error else round(ctl.clock() - node.exec_error_at, 1),
         "running": running,
     }
 

@@ -26,7 +26,7 @@ from hopsmgr.config import ClusterConfig, parse_cluster_config
 from hopsmgr.master.executor import ExecutorError, LaunchOrder, NodeTarget
 from hopsmgr.master.ssh import SshExecutor, add_known_host, fingerprint, scan_host_key
 from hopsmgr.node.layout import record_alive
-from tests.integration.cluster import EXAMPLE, PYTHON, LocalCluster, Node
+from tests.integration.cluster import EXAMPLE, PYTHON, LocalCluster, Node, wait_for
 from tests.integration.sshd import Sshd, free_port, keygen, known_hosts_line, require_sshd
 
 T = TypeVar("T")
@@ -499,3 +499,37 @@ def test_nodes_add_records_a_host_key_only_when_its_fingerprint_is_confirmed(tmp
         assert f"[127.0.0.1]:{server.port}" in (state / "known_hosts").read_text()
     finally:
         server.stop()
+
+
+def test_master_with_a_changed_host_key_refuses_to_run_and_loses_no_job(sshd: Sshd, tmp_path: Path) -> None:
+    other = keygen(tmp_path / "other_host_key")
+    wrong = tmp_path / "wrong_known_hosts"
+    wrong.write_text(known_hosts_line(sshd.port, Path(str(other) + ".pub")))
+    master = "\n".join(
+        [
+            'executor = "ssh"',
+            f'ssh_key = "{sshd.user_key}"',
+            f'known_hosts = "{wrong}"',
+            f'remote_python = "{PYTHON}"',
+            "ssh_connect_timeout_s = 5",
+        ]
+    )
+    cluster = SshCluster(tmp_path, [Node("n1", "v100", 1, 1.0)], master_extra=master, ssh_port=sshd.port)
+    try:
+        cluster.start()
+        job_id = cluster.submit(gpus="1", iters=30, step=0.02)
+        wait_for(
+            lambda: any("hostkey" in h["message"] for h in cluster.job(job_id)["history"]),
+            60,
+            "host key event",
+        )
+        node = cluster.api("GET", "/api/v1/nodes/n1")
+        assert node["command_error"] and "hostkey" in node["command_error"]
+        assert "command errors" in cluster.cli("nodes").stdout
+        job = cluster.job(job_id)
+        assert job["state"] in ("PENDING", "PROFILING", "QUEUED")  # waiting, not failed, not lost
+        assert not (tmp_path / "nodes" / "n1" / "attempts").exists() or not any(
+            (tmp_path / "nodes" / "n1" / "attempts").iterdir()
+        )  # nothing ran on the node
+    finally:
+        cluster.close()

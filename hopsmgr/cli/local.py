@@ -34,7 +34,7 @@ def cmd_demo(args: argparse.Namespace, simulate: Callable[[argparse.Namespace], 
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="hopsmgr-demo-"))
     try:
-        metrics = run_demo(out, jobs=args.jobs, minutes=args.minutes, quick=args.quick)
+        metrics = run_demo(out, jobs=args.jobs, minutes=args.minutes, quick=args.quick, ssh=not args.local)
     except KeyboardInterrupt:
         print("\nhopsmgr demo: interrupted; everything it started was stopped", file=sys.stderr)
         return 130
@@ -94,6 +94,9 @@ def register(
         "--minutes", type=positive, default=4.0, help="rough length of the workload (default 4)"
     )
     demo.add_argument("--out", type=Path, help="where to write summary.json, timeline.png and the logs")
+    demo.add_argument(
+        "--local", action="store_true", help="use the local executor even where sshd is installed"
+    )
     demo.add_argument(
         "--simulate",
         action="store_true",

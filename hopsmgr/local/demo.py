@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ from typing import Any
 from hopsmgr.config import load_cluster_config
 from hopsmgr.local.cluster import LocalCluster, emulated_speed
 from hopsmgr.local.report import job_metrics, summary_table, timeline_png
+from hopsmgr.local.sshd import PrivateSshd, SshdError
+from hopsmgr.local.sshd import available as sshd_available
 
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -121,13 +125,47 @@ class LiveView:
         return jobs
 
 
-def run_demo(out_dir: Path, *, jobs: int = 9, minutes: float = 4.0, quick: bool = False) -> dict[str, Any]:
+def _private_sshd(root: Path) -> tuple[PrivateSshd | None, str]:
+    """An sshd of our own on 127.0.0.1 when OpenSSH is installed, so the master reaches the nodes over
+    SSH as on a real lab; otherwise the local executor, and the reason."""
+    if not sshd_available():
+        return None, "local (commands run as subprocesses: no /usr/sbin/sshd on this machine)"
+    try:
+        server = PrivateSshd.start(root)
+    except (SshdError, OSError, subprocess.SubprocessError) as exc:
+        return None, f"local (commands run as subprocesses: the private sshd did not start: {str(exc)[:200]})"
+    return server, f"ssh (a private sshd on 127.0.0.1:{server.port}, host key checked, key authentication)"
+
+
+def _over_ssh(text: str, sshd: PrivateSshd) -> str:
+    master = "\n".join(
+        [
+            "[master]",
+            'executor = "ssh"',
+            f'ssh_key = "{sshd.user_key}"',
+            f'known_hosts = "{sshd.known_hosts}"',
+            f'remote_python = "{sys.executable}"',
+            "ssh_connect_timeout_s = 5",
+            "",
+        ]
+    )
+    text = text.replace("[master]\n", master, 1)
+    return re.sub(r'(id = "[^"]+"\n)', rf'\1address = "127.0.0.1"\nssh_port = {sshd.port}\n', text)
+
+
+def run_demo(
+    out_dir: Path, *, jobs: int = 9, minutes: float = 4.0, quick: bool = False, ssh: bool = True
+) -> dict[str, Any]:
     if quick:
         jobs, minutes = min(jobs, 6), min(minutes, 1.5)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = resources.files("hopsmgr") / "data" / "demo-cluster.toml"
     config_path = out_dir / "cluster.toml"
-    config_path.write_text(source.read_text(encoding="utf-8"))
+    text = source.read_text(encoding="utf-8")
+    sshd, executor = _private_sshd(out_dir / "sshd") if ssh else (None, "local: --local given")
+    if sshd is not None:
+        text = _over_ssh(text, sshd)
+    config_path.write_text(text)
     config = load_cluster_config(config_path)
     cluster = LocalCluster(config_path, config, out_dir / "run")
     torch = _torch_examples()
@@ -135,7 +173,7 @@ def run_demo(out_dir: Path, *, jobs: int = 9, minutes: float = 4.0, quick: bool 
     print(
         f"hopsmgr demo: a master and {len(config.servers)} agents on this machine in EMULATED-device mode "
         f"({', '.join(f'{s.id}: {s.gpus}x {s.gpu_type} at speed {emulated_speed(config, s.id):g}' for s in config.servers)});\n"
-        f"executor: local (commands run as subprocesses on this machine); {len(plan)} jobs for tenants nlp and "
+        f"executor: {executor}; {len(plan)} jobs for tenants nlp and "
         f"vision ({'torch CNN/LM and ' if torch else ''}emulated training jobs from examples/). Logs in {cluster.root}.\n"
     )
     try:
@@ -157,7 +195,7 @@ def run_demo(out_dir: Path, *, jobs: int = 9, minutes: float = 4.0, quick: bool 
             time.sleep(1.0)
         speeds = {s.id: emulated_speed(config, s.id) for s in config.servers}
         metrics = job_metrics(list(details.values()), speeds, view.idle_samples)
-        metrics["executor"] = "local"
+        metrics["executor"] = config.master.executor
         print("\n" + summary_table(metrics))
         (out_dir / "summary.json").write_text(json.dumps(metrics, indent=1, sort_keys=True))
         (out_dir / "jobs.json").write_text(json.dumps(list(details.values()), indent=1))
@@ -166,3 +204,5 @@ def run_demo(out_dir: Path, *, jobs: int = 9, minutes: float = 4.0, quick: bool 
         return metrics
     finally:
         cluster.stop()
+        if sshd is not None:
+            sshd.stop()

@@ -9,6 +9,7 @@ The clock is injected (`clock`), so tests can drive time.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,18 @@ from hopsmgr.protocol import FinishedAttempt, Heartbeat, HeartbeatReply, Progres
 
 log = structlog.get_logger("hopsmgr.master")
 EXIT_CHECKPOINTED = 75
+
+
+def exit_text(code: int | None) -> str:
+    """How an attempt's process ended, for its job's history: "exited with 3", or for a negative code
+    (the agent reports a death by signal N as -N) "was killed by signal 9 (SIGKILL)"."""
+    if code is None or code >= 0:
+        return f"exited with {code}"
+    try:
+        name = f" ({signal.Signals(-code).name})"
+    except ValueError:
+        name = ""
+    return f"was killed by signal {-code}{name}"
 
 
 class RequestError(ValueError):
@@ -464,8 +477,10 @@ class Controller:
             self._set(job, JobState.QUEUED, "requeued", f"attempt {attempt.id} {how}; resumes {resume}")
         else:
             job.failures += 1
-            how = "could not start" if reason == "launch_error" else f"exited with {code}"
-            self._set(job, JobState.FAILED, "failed", f"attempt {attempt.id} {how}: {tail[-1500:]}".strip())
+            how = "could not start" if reason == "launch_error" else exit_text(code)
+            tail = tail[-1500:].strip()
+            message = f"attempt {attempt.id} {how}"
+            self._set(job, JobState.FAILED, "failed", f"{message}: {tail}" if tail else message)
 
     def _progress(self, attempt: AttemptRecord, progress: Progress) -> None:
         job = self.state.jobs.get(attempt.job_id)

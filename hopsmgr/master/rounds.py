@@ -301,7 +301,10 @@ class RoundLoop:
         if job is None:
             return False
         if _PROFILE_KEY in action.job_id:
-            return job.state in (JobState.PENDING, JobState.QUEUED) and job.attempt is None
+            # PROFILING too: the job's other runs of this plan (one per GPU type) made it so
+            return (
+                job.state in (JobState.PENDING, JobState.PROFILING, JobState.QUEUED) and job.attempt is None
+            )
         return job.state == JobState.CHECKPOINTING or (job.state == JobState.QUEUED and job.attempt is None)
 
     def _new_attempt(self, action: Launch, now: float) -> AttemptRecord:

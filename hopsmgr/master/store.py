@@ -160,7 +160,8 @@ class Store:
             yield
         except BaseException:
             self._depth = 0
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
+                self._db.execute("ROLLBACK")
             raise
         self._depth = 0
         self._commit()
@@ -175,7 +176,8 @@ class Store:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            self._db.execute("ROLLBACK")
+            if self._db.in_transaction:  # a failed COMMIT may leave it open, or SQLite rolled it back
+                self._db.execute("ROLLBACK")
             raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
 
     @contextmanager
@@ -195,8 +197,11 @@ class Store:
             yield
         except BaseException:
             self._depth = 0
-            self._db.execute("ROLLBACK TO grouped")
-            self._db.execute("RELEASE grouped")
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK TO grouped")
+                self._db.execute("RELEASE grouped")
+            else:  # SQLite rolled the whole group back (disk full, I/O error)
+                self._group_open = False
             raise
         self._depth = 0
         self._db.execute("RELEASE grouped")

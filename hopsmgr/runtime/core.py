@@ -278,8 +278,11 @@ class Runtime:
         return checkpoint.save(self._s.checkpoint_dir, self._iteration, state)
 
     def finish(self) -> None:
-        """Write the final progress record."""
+        """Write the final progress record; in profile mode, a job shorter than the profiling run writes
+        the profile of the iterations it did (a run that measured none writes none)."""
         self._write_progress()
+        if self._s.mode == "profile" and self._profiled:
+            self._write_profile()
 
     def _checkpoint_and_exit(self, state: Callable[[], Any] | None) -> None:
         if self._s.mode == "run":

@@ -18,3 +18,11 @@ def test_submit_profile_run_complete(cluster: LocalCluster) -> None:
     logs = cluster.api("GET", f"/api/v1/jobs/{job_id}/logs")
     assert "final checksum" in logs["log"]
     assert cluster.cli("show", job_id).stdout.count("completed") >= 1
+
+
+def test_a_new_job_is_profiled_on_every_gpu_type_in_one_plan(cluster: LocalCluster) -> None:
+    job_id = cluster.submit(gpus="1", iters=20, tenant="vision")
+    job = cluster.wait_state(job_id, "QUEUED", "LAUNCHING", "RUNNING", "COMPLETED")
+    profiling = [a for a in job["attempts"] if a["profiling"]]
+    assert sorted(n for a in profiling for n in a["placement"]) == ["n1", "n2"]
+    assert len({round(a["started"] or 0) for a in profiling}) <= 2  # launched together, not one per round

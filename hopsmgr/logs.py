@@ -11,6 +11,11 @@ import sys
 import structlog
 
 
+def _stderr_logger(*_: object) -> structlog.PrintLogger:
+    """A logger on whatever sys.stderr is now (it may be replaced, e.g. by a test's capture)."""
+    return structlog.PrintLogger(sys.stderr)
+
+
 def configure_logging(json_logs: bool | None = None, level: int = logging.INFO) -> None:
     """JSON to stderr unless stderr is a terminal (then a readable console format); `json_logs` forces one."""
     use_json = (not sys.stderr.isatty()) if json_logs is None else json_logs
@@ -25,6 +30,6 @@ def configure_logging(json_logs: bool | None = None, level: int = logging.INFO) 
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )

@@ -409,7 +409,7 @@ def register(subparsers: Any) -> None:
         required=True,
         type=_positive_int,
         metavar="B",
-        help="samples per iteration at the smallest count",
+        help="per-GPU batch size: an iteration at the smallest GPU count R1 processes B x R1 samples",
     )
     work = submit.add_mutually_exclusive_group(required=True)
     work.add_argument(

@@ -124,7 +124,7 @@ class Controller:
     def open(self, checkpoint_root: str) -> None:
         """Load state from the store, take a new epoch, sync tenants; agents get a full grace period."""
         self.checkpoint_root = checkpoint_root
-        self.epoch = self.store.next_epoch()
+        self.epoch = self.store.next_epoch(self.clock())
         self.started = self.clock()
         self.store.sync_tenants(
             [

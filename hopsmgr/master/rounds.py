@@ -395,10 +395,12 @@ class RoundLoop:
             )
 
     def _profiling_budget(self) -> int:
-        """[ours] GPUs profiling runs may take now: a quarter of the cluster at most, so a burst of new
-        jobs cannot keep queued work off the GPUs (each new job still gets profiled, a few at a time)."""
-        running = sum(a.placement.gpus for a in self.ctl.state.attempts.values() if a.profiling)
-        return max(0, max(1, self.ctl.state.total_gpus // 4) - running)
+        """[ours] GPUs profiling runs may take now: a quarter of the cluster (and at least one job's runs,
+        one per GPU type), so a burst of new jobs cannot keep queued work off the GPUs."""
+        state = self.ctl.state
+        running = sum(a.placement.gpus for a in state.attempts.values() if a.profiling)
+        types = len({n.server.gpu_type for n in state.nodes.values()})
+        return max(0, max(types, state.total_gpus // 4) - running)
 
     async def _launch(self, action: Launch, attempt: AttemptRecord) -> None:
         ctl = self.ctl
@@ -437,6 +439,8 @@ class RoundLoop:
                     "HOPS_NNODES": str(len(parts)),
                     "HOPS_WORLD_GPUS": str(attempt.placement.gpus),
                     "HOPS_BASE_GPUS": str(job.spec.requirements.minimum),
+                    # linear learning-rate scaling for elastic jobs: GPUs given over the smallest count
+                    "HOPS_LR_SCALE": repr(attempt.placement.gpus / job.spec.requirements.minimum),
                     "HOPS_RESUME": "1" if attempt.resume else "0",
                     "HOPS_RDZV_ENDPOINT": rendezvous,
                 }

@@ -243,10 +243,11 @@ class Store:
             (key, value, value),
         )
 
-    def next_epoch(self) -> int:
-        """A new master epoch, one more than any before (commands of older epochs are refused on nodes)."""
+    def next_epoch(self, now: float | None = None) -> int:
+        """A new master epoch, above any before (commands of older epochs are refused on nodes). With
+        `now` it is at least the wall-clock second, so it still rises after restoring an older backup."""
         with self.transaction():
-            epoch = int(self.meta("epoch", "0")) + 1
+            epoch = max(int(self.meta("epoch", "0")) + 1, int(now or 0))
             self.set_meta("epoch", str(epoch))
         return epoch
 

@@ -67,7 +67,7 @@ def test_master_sigkill_and_restart_loses_nothing_and_runs_nothing_twice(cluster
     epoch = cluster.healthz()["epoch"]  # type: ignore[index]
     cluster.kill_master(signal.SIGKILL)
     cluster.start_master()
-    assert cluster.healthz()["epoch"] == epoch + 1  # type: ignore[index]
+    assert cluster.healthz()["epoch"] > epoch  # type: ignore[index]
     for j in jobs:
         cluster.wait_state(j, "COMPLETED", timeout=120)
     db = sqlite3.connect(f"file:{cluster.state_dir / 'state.db'}?mode=ro", uri=True)

@@ -160,3 +160,10 @@ def test_group_commit_savepoints_and_durability(tmp_path: Path) -> None:
         store.add_event("j-4", 1.0, "x", None)
     assert reader.execute("SELECT COUNT(*) FROM jobs").fetchone()[0] == 3
     store.close()
+
+
+def test_epoch_rises_above_the_wall_clock_after_restoring_an_old_backup(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    assert store.next_epoch(1_800_000_000.5) == 1_800_000_000
+    assert store.next_epoch(1_800_000_000.9) == 1_800_000_001  # same second: still one more
+    store.close()

@@ -83,7 +83,9 @@ def test_every_master_setting_is_documented_with_its_default(field: Field[object
     lines = [line for line in read("configuration.md").splitlines() if line.startswith(f"| `{field.name}` |")]
     assert lines, f"master key {field.name!r} is not in docs/configuration.md"
     wanted = {f"`{s}`" for s in spellings(field.default)}
-    assert any(w in lines[0] for w in wanted), f"`{field.name}` is documented without its default {field.default!r}"
+    assert any(w in lines[0] for w in wanted), (
+        f"`{field.name}` is documented without its default {field.default!r}"
+    )
 
 
 def test_every_simulate_option_is_documented() -> None:
@@ -115,3 +117,116 @@ def test_relative_links_between_docs_resolve() -> None:
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text("utf-8")):
                 broken.append(f"{doc.name}: {target} (no such heading)")
     assert not broken, f"broken links: {broken}"
+
+
+# -- the installation, operations, agent and user guides ----------------------------------------------
+
+GUIDES = ("install.md", "operations.md", "user-guide.md", "agent.md")
+
+
+def agent_config_keys() -> list[str]:
+    """Every key hopsmgr_agent.config accepts: `_KEYS`, and `table.key` for each nested table that has
+    a `_<TABLE>_KEYS` tuple (`[emulated]`, `[cpu]`)."""
+    from hopsmgr_agent import config as agent_config
+
+    keys = list(agent_config._KEYS)
+    for table in agent_config._KEYS:
+        nested = getattr(agent_config, f"_{table.upper()}_KEYS", None)
+        if nested is not None:
+            keys += [f"{table}.{key}" for key in nested]
+    assert "emulated.speed" in keys and "cpu.count" in keys
+    return keys
+
+
+def subcommand_options(parser: argparse.ArgumentParser, name: str) -> list[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(
+        opt
+        for action in sub.choices[name]._actions
+        if not isinstance(action, argparse._HelpAction)
+        for opt in action.option_strings
+        if opt.startswith("--")
+    )
+
+
+def code_lines(text: str) -> list[str]:
+    """The lines of fenced and indented code blocks, backslash continuations joined."""
+    lines: list[str] = []
+    fenced = False
+    pending = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not (fenced or line.startswith("    ")):
+            continue
+        stripped = line.strip()
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        lines.append(pending + stripped)
+        pending = ""
+    return lines
+
+
+def cli_options(parser: argparse.ArgumentParser, words: list[str]) -> tuple[list[str], set[str]] | None:
+    """Follow `words` (what came after `hopsmgr`) down the subcommands: (the subcommand path, the
+    options it accepts), or None when the first word is no subcommand (e.g. `sudo -u hopsmgr ssh`)."""
+    path: list[str] = []
+    for word in words:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or word not in subs[0].choices:
+            break
+        parser = subs[0].choices[word]
+        path.append(word)
+    if not path:
+        return None
+    return path, {opt for action in parser._actions for opt in action.option_strings}
+
+
+def test_every_agent_config_key_is_documented() -> None:
+    text = read("agent.md")
+    missing = [key for key in agent_config_keys() if f"| `{key}` |" not in text]
+    assert not missing, f"agent config keys without a row in docs/agent.md: {missing}"
+
+
+def test_every_submit_option_is_in_the_user_guide() -> None:
+    text = read("user-guide.md")
+    options = subcommand_options(build_parser(), "submit")
+    assert "--gpus" in options and "--launcher" in options
+    missing = [opt for opt in options if not re.search(rf"`{re.escape(opt)}(?![\w-])", text)]
+    assert not missing, f"hopsmgr submit options missing from docs/user-guide.md: {missing}"
+
+
+@pytest.mark.parametrize("name", GUIDES)
+def test_hopsmgr_commands_in_the_guides_exist(name: str) -> None:
+    """Every `hopsmgr SUBCOMMAND --option` in a code block of the guides is one the CLI accepts."""
+    parser = build_parser()
+    stop = {"--", "|", "||", "&&", ";", ">", "2>&1"}
+    checked, bad = 0, []
+    for line in code_lines(read(name)):
+        words = line.split()
+        for i, word in enumerate(words):
+            if word != "hopsmgr" and not word.endswith("/hopsmgr"):
+                continue
+            found = cli_options(parser, words[i + 1 :])
+            if found is None:
+                continue
+            path, accepted = found
+            checked += 1
+            for token in words[i + 1 + len(path) :]:
+                if token in stop or token.startswith(("#", "$(")):
+                    break
+                option = token.split("=", 1)[0]
+                if re.fullmatch(r"--?[a-z][a-z-]*", option) and option not in accepted:
+                    bad.append(f"hopsmgr {' '.join(path)} {option}  (in: {line})")
+    assert not bad, f"options the CLI does not have, in docs/{name}: {bad}"
+    if name != "agent.md":
+        assert checked, f"no hopsmgr command found in docs/{name}"
+
+
+def test_the_guides_say_what_is_not_done_yet() -> None:
+    install, guide = read("install.md"), read("user-guide.md")
+    assert "Jobs run as the user `hopsmgr`" in install
+    assert "transient units" in install and "pid file" in install
+    assert "every job runs as the" in guide

@@ -180,7 +180,9 @@ class Agent:
 
     async def _reap(self, attempt: str) -> None:
         try:
-            await asyncio.to_thread(ops.stop, self.config.workdir, attempt, self.epoch, grace=10.0)
+            # No grace: a stale attempt must not answer SIGTERM with a checkpoint of its own (the job
+            # runs elsewhere now and owns its checkpoints).
+            await asyncio.to_thread(ops.stop, self.config.workdir, attempt, self.epoch, grace=0.0)
             log.info("reaped", attempt_id=attempt, node=self.config.node)
         except WrapperError as exc:
             log.warning("reap_failed", attempt_id=attempt, error=str(exc))

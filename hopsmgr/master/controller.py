@@ -145,6 +145,17 @@ class Controller:
                 self.estimator = Estimator.from_state(saved)
             except ModelError as exc:
                 log.warning("estimator_state_unusable", error=str(exc))
+        for row in self.store.profiles(list(self.state.jobs)):  # profiles newer than the saved estimator
+            if not self.estimator.has_profile(row["job_id"], row["gpu_type"]):
+                try:
+                    self.estimator.add_profile(
+                        row["job_id"],
+                        row["gpu_type"],
+                        time_profile(row["profile"]),
+                        Calibration(**row["calibration"]),
+                    )
+                except (ModelError, TypeError) as exc:
+                    log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
         for job in self.state.jobs.values():
             if job.state == JobState.PROFILING and not job.profiling:
                 self._set(
@@ -417,6 +428,8 @@ class Controller:
                 self.with_estimator(
                     lambda: self.estimator.add_profile(job.id, server.gpu_type, tp, server.calibration)
                 )
+                cal = {**calibration_json(server.calibration), "source": server.calibration.source}
+                self.store.add_profile(job.id, server.gpu_type, profile, cal, self.clock())
                 self.state.event(
                     job,
                     self.clock(),

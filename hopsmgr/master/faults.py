@@ -10,8 +10,8 @@ Points the master calls (see tests/faults/test_master_crash.py):
     launch.before_store     rounds: a plan's actions are decided, nothing is stored yet
     launch.after_store      rounds: the actions (new attempts, job states) are committed, no command sent
     stop.after_store        rounds: as launch.after_store, for a commit that includes checkpoint-stops
-    <command>.in_command    executor: the node wrapper runs `<command>` (launch, checkpoint, stop...),
-                            its reply is not read yet
+    <command>.in_command    local executor: the node wrapper runs `<command>` (launch, checkpoint,
+                            stop...), its reply is not read yet (the SSH executor has no such point)
     launch.after_command    rounds: a launch command succeeded, the master has not recorded it started
     stop.after_command      controller: a checkpoint command returned, the attempt is not ended yet
 """

@@ -136,7 +136,8 @@ class RoundLoop:
         waited = {
             j.id
             for j in to_profile
-            if now - j.submit_time >= round_s and ctl.state.jobs[j.id].state == JobState.PENDING
+            if now - j.submit_time >= round_s
+            and (ctl.state.jobs[j.id].state == JobState.PENDING or not ctl.estimator.profiled_types(j.id))
         }
         ctl.deferred = []
         try:

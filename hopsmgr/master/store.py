@@ -67,6 +67,13 @@ MIGRATIONS: tuple[str, ...] = (
         solve_s REAL NOT NULL, method TEXT NOT NULL, proven INTEGER NOT NULL, launches INTEGER NOT NULL,
         stops INTEGER NOT NULL, queued INTEGER NOT NULL, running INTEGER NOT NULL, idle_gpus INTEGER NOT NULL);
     """,
+    # 2: each profiling run's result, durable with the end of its attempt (the estimator blob is saved
+    # only once a round)
+    """
+    CREATE TABLE profiles (
+        job_id TEXT NOT NULL, gpu_type TEXT NOT NULL, profile TEXT NOT NULL, calibration TEXT NOT NULL,
+        time REAL NOT NULL, PRIMARY KEY (job_id, gpu_type));
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 _JSON_COLUMNS = {"spec", "command", "env", "placement", "calibration", "devices"}
@@ -388,6 +395,34 @@ class Store:
     def load_estimator(self) -> dict[str, Any] | None:
         row = self._exec("SELECT state FROM estimator WHERE id = 1").fetchone()
         return None if row is None else dict(json.loads(row[0]))
+
+    def add_profile(
+        self,
+        job_id: str,
+        gpu_type: str,
+        profile: Mapping[str, float],
+        calibration: Mapping[str, Any],
+        time: float,
+    ) -> None:
+        self._exec(
+            "INSERT OR REPLACE INTO profiles (job_id, gpu_type, profile, calibration, time) VALUES (?, ?, ?, ?, ?)",
+            (job_id, gpu_type, json.dumps(dict(profile)), json.dumps(dict(calibration)), time),
+        )
+
+    def profiles(self, job_ids: Sequence[str]) -> list[Row]:
+        out: list[Row] = []
+        for start in range(0, len(job_ids), 500):
+            part = list(job_ids[start : start + 500])
+            marks = ", ".join("?" for _ in part)
+            for r in self._exec(f"SELECT * FROM profiles WHERE job_id IN ({marks})", part).fetchall():
+                out.append(
+                    {
+                        **dict(r),
+                        "profile": json.loads(r["profile"]),
+                        "calibration": json.loads(r["calibration"]),
+                    }
+                )
+        return out
 
     def add_throughput(self, job_id: str, time: float, placement: Mapping[str, int], rate: float) -> None:
         self._exec(

@@ -42,6 +42,10 @@ class LocalCluster:
     tenants: str = ""
     scheduler: str = ""
     master_extra: str = ""
+    # extra environment of the master process (e.g. {"HOPSMGR_FAULT": "launch.after_store"}, see
+    # hopsmgr.master.faults) and a command the master runs under (e.g. ["prlimit", "--fsize=N"])
+    master_env: dict[str, str] = field(default_factory=dict)
+    master_prefix: list[str] = field(default_factory=list)
     master: subprocess.Popen[bytes] | None = None
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     url: str = ""
@@ -76,6 +80,9 @@ class LocalCluster:
     # -- processes ------------------------------------------------------------------------------------
 
     def start_master(self) -> None:
+        """Start the master (same port as before, if any) and wait for /healthz. A master started with a
+        crash point (`master_env["HOPSMGR_FAULT"]`) may exit on its own before it answers: then this
+        returns once it exited; any other early exit fails with the master's exit code."""
         config = self.root / "cluster.toml"
         if not config.exists():
             self.write_config()
@@ -88,6 +95,7 @@ class LocalCluster:
         with open(self.root / "master.log", "ab") as log:  # the child keeps its own descriptor
             self.master = subprocess.Popen(
                 [
+                    *self.master_prefix,
                     PYTHON,
                     "-m",
                     "hopsmgr.cli.main",
@@ -102,14 +110,36 @@ class LocalCluster:
                 stdout=log,
                 stderr=log,
                 cwd=self.root,
+                env={**os.environ, **self.master_env} if self.master_env else None,
             )
-        wait_for(
-            lambda: info.exists() and json.loads(info.read_text() or "{}").get("pid") == self.master.pid,
-            20,
-            "master.json",
-        )
-        self.url = json.loads(info.read_text())["url"]
-        wait_for(lambda: self.healthz() is not None, 20, "master /healthz")
+        master = self.master
+
+        def exited() -> bool:
+            code = master.poll()
+            if code is not None and not self.master_env.get("HOPSMGR_FAULT"):
+                raise AssertionError(f"the master exited with {code} while starting (see master.log)")
+            return code is not None
+
+        def listening() -> bool:
+            try:
+                return bool(json.loads(info.read_text() or "{}").get("pid") == master.pid)
+            except (OSError, json.JSONDecodeError):
+                return False
+
+        wait_for(lambda: listening() or exited(), 20, "master.json")
+        if listening():
+            self.url = json.loads(info.read_text())["url"]
+        if exited():
+            return
+        wait_for(lambda: self.healthz() is not None or exited(), 20, "master /healthz")
+
+    def wait_master_exit(self, timeout: float) -> int:
+        """Wait until the master process exits by itself (a crash point fired); its exit code."""
+        assert self.master is not None
+        master = self.master
+        wait_for(lambda: master.poll() is not None, timeout, "the master to exit")
+        self.master = None
+        return int(master.returncode)
 
     def kill_master(self, sig: int = signal.SIGKILL) -> None:
         assert self.master is not None
@@ -117,11 +147,12 @@ class LocalCluster:
         self.master.wait(20)
         self.master = None
 
-    def start_agent(self, node_id: str) -> None:
+    def start_agent(self, node_id: str, master_url: str | None = None) -> None:
+        """Start a node's agent; `master_url` (default: the master's) lets it talk through a proxy."""
         node = next(n for n in self.nodes if n.id == node_id)
         cfg = self.root / f"agent-{node_id}.toml"
         cfg.write_text(
-            f'node = "{node.id}"\nmaster = "{self.url}"\n'
+            f'node = "{node.id}"\nmaster = "{master_url or self.url}"\n'
             f'cluster_token_file = "{self.state_dir / "cluster.token"}"\n'
             f'workdir = "{self.root / "nodes" / node.id}"\ndevices = "emulated"\n'
             f'[emulated]\ngpu_type = "{node.gpu_type}"\ncount = {node.gpus}\nspeed = {node.speed}\n'

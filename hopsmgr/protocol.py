@@ -57,6 +57,10 @@ def string(value: object, name: str, *, pattern: re.Pattern[str] | None = None, 
         raise WireError(name, f"must be at most {max_len} characters, got {len(value)}")
     if "\x00" in value:
         raise WireError(name, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise WireError(name, "must be valid Unicode (it holds a lone surrogate)") from None
     if pattern is not None and not pattern.fullmatch(value):
         raise WireError(name, f"must match {pattern.pattern}, got {_repr(value)}")
     return value

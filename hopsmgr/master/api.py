@@ -87,6 +87,8 @@ def principal(request: web.Request, *, agent: bool = False) -> Principal:
     if scheme.lower() != "bearer" or not token.strip():
         raise RequestError(401, "Authorization", "missing bearer token (Authorization: Bearer <token>)")
     token = token.strip()
+    if not (token.isascii() and token.isprintable()):
+        raise RequestError(401, "Authorization", "malformed bearer token")
     if agent:
         if secrets.compare_digest(token.encode(), request.app[CLUSTER_TOKEN].encode()):
             return Principal("agent", "", agent=True)

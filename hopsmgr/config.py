@@ -190,7 +190,8 @@ class _Parser:
         allowed_set = set(allowed)
         for name in value:
             if name not in allowed_set:
-                self.fail(_join(key, name), value[name], f"unknown key (known: {', '.join(allowed)})")
+                shown = name if name else '""'  # an empty key is valid TOML: name it visibly
+                self.fail(_join(key, shown), value[name], f"unknown key (known: {', '.join(allowed)})")
         return value
 
     def array_of_tables(self, value: object, key: str) -> list[object]:

@@ -87,23 +87,32 @@ def parse_agent_config(data: dict[str, Any], source: str) -> AgentConfig:
 
     for key in data:
         if key not in _KEYS:
-            raise fail(key, data[key], f"unknown key (known: {', '.join(_KEYS)})")
+            raise fail(key or '""', data[key], f"unknown key (known: {', '.join(_KEYS)})")
     for key in ("node", "master", "workdir"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise fail(key, data.get(key), "is required (a non-empty string)")
     if not ID_RE.fullmatch(data["node"]):
         raise fail("node", data["node"], "must match [A-Za-z0-9_.-]{1,64}")
-    if not data["master"].startswith(("http://", "https://")):
-        raise fail("master", data["master"], "must be an http:// or https:// URL")
+    scheme, _, rest = data["master"].partition("://")
+    if scheme not in ("http", "https") or not rest.split("/")[0]:
+        raise fail("master", data["master"], "must be an http:// or https:// URL with a host")
+    for key in ("workdir", "cluster_token", "cluster_token_file", "tls_ca"):
+        value = data.get(key, "")
+        if not isinstance(value, str):
+            raise fail(key, value, "must be a string")
+        if "\x00" in value:
+            raise fail(key, value, "must not contain NUL characters")
     token = data.get("cluster_token", "")
     if not token:
         path = data.get("cluster_token_file", "")
         if not path:
             raise fail("cluster_token_file", path, "is required (or cluster_token)")
         try:
-            token = Path(path).read_text().strip()
+            token = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise fail("cluster_token_file", path, f"cannot read it: {exc.strerror or exc}") from exc
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise fail("cluster_token_file", path, f"is not a UTF-8 token file: {exc}") from exc
     devices = data.get("devices", "emulated")
     if devices not in DEVICE_MODES:
         raise fail("devices", devices, 'must be "nvml", "cpu" or "emulated"')

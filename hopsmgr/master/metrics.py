@@ -15,6 +15,13 @@ from hopsmgr.master.controller import Controller
 from hopsmgr.master.views import current_raqlr
 
 
+def _number(value: float) -> str:
+    """Integers exactly (an epoch is a Unix time), other values with 6 significant digits."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return f"{value:.6g}"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -30,7 +37,8 @@ class _Writer:
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             text = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
-            self.lines.append(f"{name}{{{text}}} {value:.6g}" if text else f"{name} {value:.6g}")
+            shown = _number(value)
+            self.lines.append(f"{name}{{{text}}} {shown}" if text else f"{name} {shown}")
 
     def summary(self, name: str, help_text: str, values: Sequence[float], total_count: int) -> None:
         samples: list[tuple[dict[str, str], float]] = []

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr.config import ClusterConfig
+from hopsmgr.node.layout import is_alive
 
 # Relative fp32 throughput of common GPU types (V100 = 1), from vendor datasheet peak figures; used only
 # to give emulated servers plausible, different speeds.
@@ -154,22 +155,12 @@ class LocalCluster:
         self.agents = {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _terminate(pids: list[int], grace_s: float) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
         for pid in pids:  # reap our own children so they do not linger as zombies
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(pid, os.WNOHANG)

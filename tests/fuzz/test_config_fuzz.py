@@ -128,7 +128,8 @@ def key_in(node: Any, key: str) -> bool:
     """Whether a dotted key ("servers[2].calibration.net_gbps") leads through the document `node`; the
     last name may be absent (a required key that is missing). Names may hold '.' or '[' themselves."""
     if isinstance(node, dict):
-        for name, value in node.items():
+        for key_name, value in node.items():
+            name = key_name or '""'  # an empty key is shown as ""
             if key == name:
                 return True
             if key.startswith(name + ".") and key_in(value, key[len(name) + 1 :]):
@@ -179,8 +180,7 @@ def tmp() -> Iterator[Path]:
 # -- strategies ----------------------------------------------------------------------------------------------
 
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
-# keys are never empty here: an empty key ("" = 1) is a known bug, pinned by an xfail test below
-KEY = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=20)
+KEY = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)  # "" too: a valid TOML key
 SCALARS = st.one_of(
     st.booleans(),
     st.integers(),
@@ -385,9 +385,8 @@ AGENT_KEYS = (
     "node", "master", "cluster_token_file", "cluster_token", "workdir", "devices", "gpu_type", "calibrate",
     "calibration_budget_s", "probe_port", "peers", "emulated", "cpu", "tls_ca",
 )  # fmt: skip
-# Values for cluster_token_file that the agent reads safely: a path with NUL, a file that is not
-# UTF-8 and a value that is not a string are known bugs, pinned by the xfail test below.
-TOKEN_FILE_VALUES = st.sampled_from(["", "token", "missing/file", "/", ".", "/nonexistent/x"])
+# paths the agent may be given: missing, a directory, with a NUL byte (see also the regression tests)
+TOKEN_FILE_VALUES = st.sampled_from(["", "token", "missing/file", "/", ".", "/nonexistent/x", "a\x00b"])
 
 
 @st.composite
@@ -420,8 +419,9 @@ def agent_document(draw: st.DrawFn, token_file: Path) -> dict[str, Any]:
         how = draw(st.sampled_from(["set", "set", "delete", "table"]))
         if how == "delete":
             doc.pop(key, None)
-        elif key == "cluster_token_file":
-            doc[key] = draw(TOKEN_FILE_VALUES)
+        elif key == "cluster_token_file":  # a path, a file that is not UTF-8, or not a string at all
+            bad = token_file.parent / "not-utf8.token"
+            doc[key] = draw(TOKEN_FILE_VALUES | st.just(str(bad)) | VALUES)
         elif how == "table" and key in ("emulated", "cpu"):
             doc[key] = draw(
                 st.dictionaries(st.sampled_from(["gpu_type", "count", "speed"]) | KEY, VALUES, max_size=3)
@@ -436,6 +436,7 @@ def agent_document(draw: st.DrawFn, token_file: Path) -> dict[str, Any]:
 def test_agent_configs_load_or_raise_config_error_naming_file_and_key(tmp: Path, data: st.DataObject) -> None:
     token_file = tmp / "cluster.token"
     token_file.write_text("t" * 43 + "\n")
+    (tmp / "not-utf8.token").write_bytes(b"\xff\xfe" * 20)
     doc = data.draw(agent_document(token_file))
     text = toml_document(doc)
     note(text)
@@ -459,6 +460,12 @@ def test_agent_configs_load_or_raise_config_error_naming_file_and_key(tmp: Path,
             tally("loaded")
             assert config.node == doc["node"] and config.master.startswith(("http://", "https://"))
             assert config.devices in ("nvml", "cpu", "emulated") and config.workdir.startswith("/")
+
+
+# -- regression tests: what the property tests above found (fixed in fb2c0ab) -----------------------------
+# The agent's cluster_token_file raised ValueError (NUL in the path), UnicodeDecodeError (a file that is not
+# UTF-8) or TypeError (not a string) instead of ConfigError; cluster_token = 5, tls_ca = [1], a hostless
+# master URL and a NUL in workdir were accepted; an empty TOML key was refused without being named.
 
 
 @pytest.mark.parametrize("case", ["nul-in-path", "not-utf8-file", "not-a-string"])

@@ -88,7 +88,7 @@ def register(
     demo = sub.add_parser(
         "demo", help="run the whole product on this machine: a live local cluster and real jobs"
     )
-    demo.add_argument("--quick", action="store_true", help="about a minute: fewer, shorter jobs")
+    demo.add_argument("--quick", action="store_true", help="fewer, shorter jobs (about a minute)")
     demo.add_argument("--jobs", type=int, default=9, help="jobs to submit (default 9)")
     demo.add_argument(
         "--minutes", type=positive, default=4.0, help="rough length of the workload (default 4)"

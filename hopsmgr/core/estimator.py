@@ -109,6 +109,11 @@ def expected_iteration_time(
     _require("tc", tc, positive=False)
     _require("compute_scale", compute_scale, positive=True)
     _require("data_scale", data_scale, positive=True)
+    return _iteration_time(profile, tc, compute_scale, data_scale)
+
+
+def _iteration_time(profile: TimeProfile, tc: float, compute_scale: float, data_scale: float) -> float:
+    """`expected_iteration_time` without the argument checks (the estimator's own, already valid, calls)."""
     cs, ds, pat, p = compute_scale, data_scale, profile.pattern, profile.p_cache
     tf, tb, tu = profile.tf_s / cs, profile.tb_s / cs, profile.tu_s / cs
     hit = iteration_time(tf, tb, tu, profile.td_hit_s / ds, profile.tw_hit_s / ds, tc, pat)
@@ -206,6 +211,10 @@ class Estimator:
         self._cache: dict[JobId, dict[_Shape, _Cached]] = {}
         # Theoretical values only change with the profile: observations keep them (cheap misses).
         self._theory_cache: dict[JobId, dict[_Shape, tuple[Server, int, float, float]]] = {}
+        # type_rate answers, per job: (gpu_type, reference) -> (batch_size, params_bytes, rate)
+        self._type_cache: dict[
+            JobId, dict[tuple[GpuType, Calibration | None], tuple[int, float, float | None]]
+        ] = {}
 
     def add_profile(
         self, job_id: JobId, gpu_type: GpuType, profile: TimeProfile, measured_on: Calibration
@@ -227,6 +236,7 @@ class Estimator:
             if t == gpu_type:
                 entry.ratio = None
         self._cache.pop(job_id, None)
+        self._type_cache.pop(job_id, None)
         self._theory_cache.pop(job_id, None)
 
     def has_profile(self, job_id: JobId, gpu_type: GpuType) -> bool:
@@ -275,6 +285,15 @@ class Estimator:
         theoretical value on a server calibrated as `reference` (default: where the profile was measured).
         """
         self._specs[job.id] = (job.batch_size, job.params_bytes)
+        per_job = self._type_cache.setdefault(job.id, {})
+        hit = per_job.get((gpu_type, reference))
+        if hit is not None and hit[0] == job.batch_size and hit[1] == job.params_bytes:
+            return hit[2]
+        rate = self._type_rate(job, gpu_type, reference)
+        per_job[(gpu_type, reference)] = (job.batch_size, job.params_bytes, rate)
+        return rate
+
+    def _type_rate(self, job: JobSpec, gpu_type: GpuType, reference: Calibration | None) -> float | None:
         measured = [
             e.rate
             for (_, g, n), e in self._entity.get(job.id, {}).items()
@@ -286,7 +305,7 @@ class Estimator:
         if entry is None:
             return None
         cal = reference if reference is not None else entry.measured_on
-        return job.batch_size / expected_iteration_time(
+        return job.batch_size / _iteration_time(
             entry.effective,
             0.0,
             cal.compute_factor / entry.measured_on.compute_factor,
@@ -353,6 +372,7 @@ class Estimator:
                 t.ratio = self._ewma(t.ratio, ratio)
             t.norm_rate = self._ewma(t.norm_rate, norm)
         self._cache.pop(job_id, None)
+        self._type_cache.pop(job_id, None)
 
     def observe_data_time(self, job_id: JobId, gpu_type: GpuType, td_s: float, tw_s: float) -> None:
         """A running-mode (Td, Tw) sample: refines the hit/miss means and p_cache of the theoretical layer.
@@ -367,6 +387,7 @@ class Estimator:
         entry.data.add(float(td_s), float(tw_s))
         entry.effective = entry.data.apply(entry.profile)
         self._cache.pop(job_id, None)
+        self._type_cache.pop(job_id, None)
         self._theory_cache.pop(job_id, None)
 
     def forget(self, job_id: JobId) -> None:
@@ -376,6 +397,7 @@ class Estimator:
         self._types.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._cache.pop(job_id, None)
+        self._type_cache.pop(job_id, None)
         self._theory_cache.pop(job_id, None)
 
     def export_state(self) -> dict[str, Any]:
@@ -449,7 +471,7 @@ class Estimator:
         cal, ref = server.calibration, entry.measured_on
         tc = allreduce_time(params, gpus, n, cal.link_gbps, cal.net_gbps)
         scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
-        return batch / expected_iteration_time(entry.effective, tc, scale_c, scale_d)
+        return batch / _iteration_time(entry.effective, tc, scale_c, scale_d)
 
     def _theory_of(self, job: JobSpec, server: Server, gpus: int, n: int) -> float | None:
         per_job = self._theory_cache.setdefault(job.id, {})

@@ -9,7 +9,9 @@ a server or a server class, packing slots, tenant caps). This module only solves
               sum_o uses[o][r] * x[o] <= capacity[r]      for every resource r
               x binary
 
-Strategy, cheapest first: the LP relaxation (its value is an upper bound), rounded to an integer plan
+Strategy, cheapest first: if every item's most valuable option fits beside the others, that is the
+optimum and no solver runs ("uncontended": most rounds of a lightly loaded cluster, and many fragment
+plans). Otherwise the LP relaxation (its value is an upper bound), rounded to an integer plan
 and improved greedily; if the rounded plan is within the relative gap of the bound it is proven good
 enough and returned. Otherwise CBC runs the MIP, warm-started from the rounded plan, under a time limit
 that respects the caller's deadline. An answer is "proven" only when CBC says so in `sol_status` or the
@@ -127,6 +129,22 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         return Solution({}, 0.0, 0.0, True, "empty", None, 0, 0, 0.0, 0.0)
 
     usable = [i for i, o in enumerate(options) if o.value > 0 and _fits(o, list(capacity))]
+    uncontended = _best_per_item(options, capacity, usable)
+    if uncontended is not None:
+        # Every item's most valuable option fits alongside the others: no plan can do better.
+        return Solution(
+            choice=uncontended,
+            objective=objective_of(options, uncontended),
+            bound=objective_of(options, uncontended),
+            proven=True,
+            method="uncontended",
+            fallback=None,
+            variables=len(usable),
+            constraints=len(capacity) + len(items),
+            build_s=0.0,
+            solve_s=timer() - t0,
+            support={item: (o,) for item, o in uncontended.items()},
+        )
     if len(usable) <= opts.exact_below:
         opts = replace(opts, gap=0.0)
     build_s = 0.0
@@ -203,6 +221,24 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         solve_s=max(0.0, total - build_s),
         support=support,
     )
+
+
+def _best_per_item(
+    options: Sequence[Option], capacity: Sequence[float], usable: Sequence[int]
+) -> dict[int, int] | None:
+    """Each item's most valuable usable option, if all of them fit together (else None)."""
+    best: dict[int, int] = {}
+    for o in usable:
+        item = options[o].item
+        if item not in best or options[o].value > options[best[item]].value:
+            best[item] = o
+    used = [0.0] * len(capacity)
+    for o in best.values():
+        for r, amount in options[o].uses:
+            used[r] += amount
+    if any(used[r] > capacity[r] + 1e-9 for r in range(len(capacity))):
+        return None
+    return best
 
 
 def _options_by_item(options: Sequence[Option]) -> dict[int, list[int]]:

@@ -270,8 +270,9 @@ def _plan(
         jobs = window_queued
         fixed = dict(running)
 
+    tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     for jid, config in fixed.items():
-        tenant = next(v.spec.tenant for v in snapshot.jobs if v.id == jid)
+        tenant = tenant_of[jid]
         state.tenant_held[tenant] = state.tenant_held.get(tenant, 0) + config.gpus
     t_cfg = clock()
     window_set = {v.id for v in jobs} if kind == "fragment" else {v.id for v in window_views}
@@ -285,22 +286,22 @@ def _plan(
             used[sid] = used.get(sid, 0) + g
     idle_after = sum(capacity[sid] - used.get(sid, 0) for sid in capacity)
     window_ids = tuple(v.id for v in window_views)
+    window_id_set = set(window_ids)
+    candidate_ids = {v.id for v in jobs}
     position = {v.id: k for k, v in enumerate(ordered)}
     explain_out = {
-        jid: JobExplain(
-            position=position[jid],
-            priority=values.get(jid, 0.0),
-            weight=weights.get(jid, 0.0),
-            in_window=jid in set(window_ids),
-            sensitivity=state.rho.get(jid, 1.0),
-            may_span=config_gen.may_span(
-                snapshot_job(snapshot, jid), state.rho.get(jid, 1.0), settings.sigma, largest
-            ),
-            candidates=explain.get(jid, ()),
-            chosen=str(assignment[jid]) if jid in assignment else None,
-            note=_note(jid, fixed, {v.id for v in jobs}, set(window_ids), kind),
+        v.id: JobExplain(
+            position=position[v.id],
+            priority=values.get(v.id, 0.0),
+            weight=weights.get(v.id, 0.0),
+            in_window=v.id in window_id_set,
+            sensitivity=state.rho.get(v.id, 1.0),
+            may_span=config_gen.may_span(v.spec, state.rho.get(v.id, 1.0), settings.sigma, largest),
+            candidates=explain.get(v.id, ()),
+            chosen=str(assignment[v.id]) if v.id in assignment else None,
+            note=_note(v.id, fixed, candidate_ids, window_id_set, kind),
         )
-        for jid in (v.id for v in placeable)
+        for v in placeable
     }
     total_s = clock() - t0
     stats = _with(stats, config_s=max(0.0, t_cfg - t0) + stats.config_s, total_s=total_s)
@@ -316,13 +317,6 @@ def _plan(
         stats=stats,
         idle_gpus=idle_after,
     )
-
-
-def snapshot_job(snapshot: ClusterSnapshot, job_id: JobId) -> JobSpec:
-    for v in snapshot.jobs:
-        if v.id == job_id:
-            return v.spec
-    raise KeyError(job_id)
 
 
 def _note(

@@ -28,7 +28,7 @@ class SchedulerSettings:
     priority: PriorityKind = "latency_ratio"
     rnum: int = 4
     solver: SolverMode = "auto"
-    exact_max_variables: int = 8000
+    exact_max_variables: int = 2000
     restart_penalty: bool = True
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0

@@ -134,6 +134,37 @@ def test_knapsack_needs_the_mip() -> None:
     assert sol.bound == pytest.approx(3.95)
 
 
+def test_uncontended_program_needs_no_solver(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each item's best option fits beside the others: that is the optimum, and CBC is never started.
+    import hopsmgr.core.ilp as ilp_module
+
+    def no_solver(*_: object, **__: object) -> int:
+        raise AssertionError("CBC ran on an uncontended program")
+
+    monkeypatch.setattr(ilp_module, "_run", no_solver)
+    options = [
+        Option(0, 2.0, ((0, 2.0),)),
+        Option(0, 3.0, ((1, 4.0),)),
+        Option(1, 1.0, ((0, 4.0),)),
+        Option(1, 1.5, ((0, 2.0),)),
+    ]
+    sol = solve(options, [4.0, 4.0], SolveOptions(gap=0.0))
+    check_solution(options, [4.0, 4.0], sol)
+    assert sol.method == "uncontended"
+    assert sol.proven
+    assert sol.choice == {0: 1, 1: 3}
+    assert sol.objective == pytest.approx(brute_force(options, [4.0, 4.0]))
+
+
+def test_contended_program_is_not_taken_for_uncontended() -> None:
+    # Both items' best options want the same 4 GPUs: the shortcut must not fire.
+    options = [Option(0, 3.0, ((0, 4.0),)), Option(0, 1.0, ((1, 4.0),)), Option(1, 2.5, ((0, 4.0),))]
+    sol = solve(options, [4.0, 4.0], SolveOptions(gap=0.0))
+    check_solution(options, [4.0, 4.0], sol)
+    assert sol.method != "uncontended"
+    assert sol.objective == pytest.approx(3.5)
+
+
 def test_tiny_mip_is_proven_without_stalling() -> None:
     # A three-variable MIP solves in milliseconds. CBC must neither stall (the process waits far past the
     # time limit) nor come back unproven; 60 tries catch an intermittent stall with high probability.

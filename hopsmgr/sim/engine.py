@@ -370,16 +370,28 @@ class Simulation:
             if self.now - job.last_observed < self.options.observe_every_s:
                 continue
             parts = [(self.by_id[s], g) for s, g in job.config.parts]
-            seen = all(s in job.ran_on for s in job.config.servers)
+            here = set(job.config.servers)
+            seen = here <= job.ran_on
             self._sample_error(job, job.config, parts, seen)
-            unseen = [s for s in self.servers if s.id not in job.ran_on and s.id not in job.config.servers]
-            if unseen:
-                other = self.rng.choice(unseen)
+            other = self._unseen_server(job.ran_on | here)
+            if other is not None:
                 self._sample_error(job, Config.single(other.id, 1), [(other, 1)], False)
             measured = self.world.sample_rate(job.w.model, parts, self.rng, rng_key=job.key())
             self.estimator.observe(job.spec.id, job.config, self.by_id, measured, job=job.spec)
             job.ran_on.update(job.config.servers)
             job.last_observed = self.now
+
+    def _unseen_server(self, excluded: set[str]) -> Server | None:
+        """A server drawn uniformly from those not in `excluded` (None if there is none)."""
+        if len(excluded) >= len(self.servers):
+            return None
+        if len(excluded) * 2 < len(self.servers):  # rejection sampling: on average < 2 draws
+            while True:
+                server = self.servers[self.rng.randrange(len(self.servers))]
+                if server.id not in excluded:
+                    return server
+        unseen = [s for s in self.servers if s.id not in excluded]
+        return self.rng.choice(unseen) if unseen else None
 
     def _sample_error(self, job: _Job, config: Config, parts: list[tuple[Server, int]], seen: bool) -> None:
         predicted = self.estimator.config_rate(job.spec, config, self.by_id)

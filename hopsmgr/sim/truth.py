@@ -61,6 +61,7 @@ key to `profile` and `sample_rate` to stay consistent with it. Restart cost (bot
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -128,6 +129,7 @@ def _check_parts(parts: Parts) -> int:
     return sum(g for _, g in parts)
 
 
+@functools.lru_cache(maxsize=65536)
 def _job_factor(seed: int, model: str, rng_key: int) -> float:
     """Per-job-instance speed multiplier: exactly 1 for key 0, else lognormal(0, 0.03)."""
     return 1.0 if rng_key == 0 else _factor(0.03, seed, "job", model, rng_key)
@@ -143,6 +145,7 @@ class _BaseWorld:
         self._models: dict[str, TrueModel] = {}
         self._ref_host: dict[str, str] = {}
         self._memo: dict[tuple[str, tuple[tuple[Server, int], ...], bool], float] = {}
+        self._reference: dict[tuple[str, int, str | None], float] = {}
 
     def models(self) -> tuple[TrueModel, ...]:
         return tuple(self._models.values())
@@ -173,7 +176,11 @@ class _BaseWorld:
 
     def reference_rate(self, model: str, gpus: int, gpu_type: str | None = None) -> float:
         """True rate on nominal servers of `gpu_type` (middle type by default), 8 GPUs per server."""
-        return self._memo_rate(model, self.reference_parts(gpus, gpu_type), nominal=True)
+        key = (model, gpus, gpu_type)
+        rate = self._reference.get(key)
+        if rate is None:
+            rate = self._reference[key] = self._memo_rate(model, self.reference_parts(gpus, gpu_type), True)
+        return rate
 
     def _memo_rate(self, model: str, parts: Parts, nominal: bool) -> float:
         key = (model, tuple(parts), nominal)

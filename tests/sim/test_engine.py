@@ -413,3 +413,17 @@ def test_quiet_rounds_are_not_replanned() -> None:
     assert result.jobs[0].completed
     assert len(sim.rounds) > 10
     assert firsts < len(sim.rounds) / 2, (firsts, len(sim.rounds))
+
+
+# ------------------------------------------------------------------------------ unseen servers
+
+
+def test_unseen_server_draws_uniformly_outside_the_excluded_set() -> None:
+    sim, _, _ = simulate("fifo", [])
+    ids = [s.id for s in sim.servers]
+    for excluded in (set(), {ids[0]}, set(ids[:3])):  # rejection sampling and the explicit list
+        counts = Counter(sim._unseen_server(excluded).id for _ in range(4000))  # type: ignore[union-attr]
+        assert set(counts) == set(ids) - excluded
+        expected = 4000 / len(set(ids) - excluded)
+        assert all(abs(n - expected) < 0.15 * expected for n in counts.values()), counts
+    assert sim._unseen_server(set(ids)) is None

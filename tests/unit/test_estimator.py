@@ -291,6 +291,21 @@ def test_cache_follows_profile_calibration_and_spec_changes() -> None:
     assert est.per_gpu_rate(make_job(params=1e9), a1, 1, 2) == pytest.approx(32 / 0.466)
 
 
+def test_type_rate_cache_follows_every_change() -> None:
+    est = profiled()
+    job = make_job()
+    assert est.type_rate(job, "V100") == pytest.approx(32 / 0.35)
+    assert est.type_rate(make_job(batch=64), "V100") == pytest.approx(64 / 0.35)  # spec change
+    est.add_profile(
+        "j1", "V100", TimeProfile(tf_s=0.2, tb_s=0.2, tu_s=0.05, td_hit_s=0.1, td_miss_s=0.1), NOMINAL
+    )
+    assert est.type_rate(job, "V100") == pytest.approx(32 / 0.45)  # new profile
+    est.observe_data_time("j1", "V100", 0.5, 0.0)
+    assert est.type_rate(job, "V100") < 32 / 0.45  # a slow data-time sample lowers the theory
+    est.forget("j1")
+    assert est.type_rate(job, "V100") is None
+
+
 def test_forget() -> None:
     est = profiled()
     a1 = make_server("a1")

@@ -43,7 +43,7 @@ class SimOptions:
     restart_costs: bool = True
     profiling: bool = True
     observe_every_s: float = 300.0
-    max_sim_s: float = 60 * 86_400.0
+    max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
 
 
@@ -194,7 +194,7 @@ class Simulation:
                 (j.profile_done_at for j in self.live if j.profile_done_at is not None), default=math.inf
             )
             t = min(t_arrival, next_round, t_done, t_profile)
-            if t - self.jobs[0].w.arrival_s > self.options.max_sim_s:
+            if t - self.jobs[-1].w.arrival_s > self.options.max_sim_s:
                 break
             self._advance(t)
             idle_event = False

@@ -1,4 +1,5 @@
-"""PNG plots of simulation results: JCT and latency-ratio CDFs, throughput and fragments over time."""
+"""PNG plots of simulation results: JCT and latency-ratio CDFs, throughput and fragments over time, and
+the estimator's error over time."""
 
 from __future__ import annotations
 
@@ -65,6 +66,29 @@ def draw_all(out: Path, results: Mapping[str, SimResult]) -> list[Path]:
         ax.legend()
     fig.tight_layout()
     path = out / "throughput_fragments.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+
+    from hopsmgr.sim.runner import error_over_time
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for n, (policy, r) in enumerate(results.items()):
+        points = error_over_time(r)
+        color = f"C{n % 10}"
+        for key, style in (("seen", "-"), ("unseen", "--")):
+            xy = [(h, 100 * e) for p in points if (h := p["hour"]) is not None and (e := p[key]) is not None]
+            if xy:
+                ax.plot(
+                    [h for h, _ in xy], [e for _, e in xy], style, color=color, lw=1, label=f"{policy} {key}"
+                )
+    ax.set_title("Estimator error over time (seen: configurations the job ran on)")
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("MAPE (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "estimator_error.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)

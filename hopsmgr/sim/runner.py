@@ -9,6 +9,7 @@ measured types (k80, p100, v100) and "paper" otherwise, unless named.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import resource
@@ -214,11 +215,32 @@ def summarise(result: SimResult, wall_s: float) -> dict[str, Any]:
         "estimator_mape": metrics.mean(every),
         "estimator_mape_seen": metrics.mean(seen),
         "estimator_mape_unseen": metrics.mean(unseen),
+        "estimator_mape_over_time": error_over_time(result),
         "preemptions": result.preemptions,
         "migrations": result.migrations,
         "wall_s": wall_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
+
+
+def error_over_time(result: SimResult, bins: int = 48) -> list[dict[str, float | None]]:
+    """The estimator's MAPE per time bin (hours since the first arrival; at least 1 h per bin, about
+    `bins` bins): `seen` over configurations the job had run on, `unseen` over the others."""
+    samples = result.estimator
+    if not samples:
+        return []
+    start = result.timeline[0][0] if result.timeline else min(x.time_s for x in samples)
+    span_h = max(x.time_s for x in samples) / 3600.0 - start / 3600.0
+    width = max(1.0, math.ceil(span_h / bins))
+    grouped: dict[int, tuple[list[float], list[float]]] = {}
+    for x in samples:
+        k = int((x.time_s - start) / 3600.0 // width)
+        seen, unseen = grouped.setdefault(k, ([], []))
+        (seen if x.seen else unseen).append(x.ape)
+    return [
+        {"hour": k * width, "seen": metrics.mean(seen), "unseen": metrics.mean(unseen)}
+        for k, (seen, unseen) in sorted(grouped.items())
+    ]
 
 
 COLUMNS = (

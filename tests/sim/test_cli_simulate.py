@@ -24,7 +24,7 @@ needs_data = pytest.mark.skipif(
 )
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOTS = ("jct_cdf.png", "lr_cdf.png", "throughput_fragments.png")
+PLOTS = ("jct_cdf.png", "lr_cdf.png", "throughput_fragments.png", "estimator_error.png")
 ROW_KEYS = (
     "avg_jct_h",
     "p99_jct_h",
@@ -243,6 +243,13 @@ def test_simulate_paper_world_toml_cluster(capsys: pytest.CaptureFixture[str], t
     assert isinstance(policies, dict)
     assert all(policies[p]["completed"] == 5 for p in ("hops", "fifo"))
     assert_plots(out)
+    # The estimator's error over time: hourly bins from the first arrival, fractions in [0, inf).
+    over_time = policies["hops"]["estimator_mape_over_time"]
+    assert over_time, "no estimator samples over time"
+    hours = [b["hour"] for b in over_time]
+    assert hours == sorted(hours) and hours[0] >= 0 and len(set(hours)) == len(hours)
+    values = [b[k] for b in over_time for k in ("seen", "unseen") if b[k] is not None]
+    assert values and all(v >= 0 for v in values)
 
 
 def test_simulate_without_out_writes_only_the_table(

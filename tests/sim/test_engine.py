@@ -427,3 +427,23 @@ def test_unseen_server_draws_uniformly_outside_the_excluded_set() -> None:
         expected = 4000 / len(set(ids) - excluded)
         assert all(abs(n - expected) < 0.15 * expected for n in counts.values()), counts
     assert sim._unseen_server(set(ids)) is None
+
+
+def test_error_over_time_bins_seen_and_unseen_samples() -> None:
+    from hopsmgr.sim.engine import EstimatorSample
+    from hopsmgr.sim.runner import error_over_time
+
+    samples = [
+        EstimatorSample(1000.0 + 600, 0.10, True),
+        EstimatorSample(1000.0 + 1200, 0.30, True),
+        EstimatorSample(1000.0 + 1800, 0.50, False),
+        EstimatorSample(1000.0 + 3 * 3600 + 5, 0.02, True),
+    ]
+    result = SimResult("p", "", [], [], samples, [(1000.0, 0.0, 0)], 0, 0, 0.0, 1, 0.0)
+    assert error_over_time(result) == [
+        {"hour": 0.0, "seen": pytest.approx(0.2), "unseen": pytest.approx(0.5)},
+        {"hour": 3.0, "seen": pytest.approx(0.02), "unseen": None},
+    ]
+    # Long runs: about `bins` bins of whole hours.
+    assert [b["hour"] for b in error_over_time(result, bins=2)] == [0.0, 2.0]
+    assert error_over_time(SimResult("p", "", [], [], [], [], 0, 0, 0.0, 1, 0.0)) == []

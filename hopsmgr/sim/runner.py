@@ -91,7 +91,7 @@ def make_world(
         if not os.path.isfile(path):
             raise SimInputError(f"--throughputs: no such file {path!r}")
         try:
-            world = gavel_world(path, seed=seed, per_server_sigma=sigma)
+            world = gavel_world(path, seed=seed, per_server_sigma=sigma, spread_slowdown=variation)
         except (OSError, ValueError) as exc:
             raise SimInputError(f"--throughputs: cannot read {path!r}: {exc}") from exc
     elif chosen == "paper":

@@ -13,7 +13,9 @@ log-log interpolation between measured counts; beyond the largest, the exponent 
 measured counts (the 4->8 scaling, clamped to [0, 1]); a type measured at one GPU only scales with
 exponent log2(1.8). Configurations over k > 1 servers are slowed by the file's "unconsolidated"/
 consolidated ratio at the nearest measured count (capped at 1; 0.85 where absent), then 0.85 per further
-server. Every GPU of a configuration runs at the per-GPU pace of the slowest server (slowest-server rule).
+server (not with `spread_slowdown=False`, the `--gavel-compat` setting: Gavel's simulator uses the
+consolidated rates). Every GPU of a configuration runs at the per-GPU pace of the slowest server
+(slowest-server rule).
 Hidden per-server factor: lognormal(0, per_server_sigma) on speed. The profile splits the 1-GPU step
 30/55/15 % into fwd/bwd/update with data loading (40 %) hidden under backward.
 
@@ -223,7 +225,14 @@ def _parse_key(key: str) -> tuple[str, int]:
 class GavelWorld(_BaseWorld):
     """Gavel's measured throughputs with hidden per-server factors (see the module docstring)."""
 
-    def __init__(self, throughputs: dict[str, dict[str, dict[str, object]]], seed: int, sigma: float) -> None:
+    def __init__(
+        self,
+        throughputs: dict[str, dict[str, dict[str, object]]],
+        seed: int,
+        sigma: float,
+        spread_slowdown: bool = True,
+    ) -> None:
+        self.spread_slowdown = spread_slowdown
         self._steps: dict[tuple[str, str], dict[int, float]] = {}
         spread: dict[tuple[str, str], dict[int, float]] = {}
         for worker, table in throughputs.items():
@@ -303,7 +312,7 @@ class GavelWorld(_BaseWorld):
             for s, _ in parts
         ]
         rate = min(paces) * tm.batch_size  # every GPU runs at the slowest server's pace
-        if len(parts) > 1:
+        if len(parts) > 1 and self.spread_slowdown:
             rate *= min(self._spread_factor(self._type(s), tm.name, total, len(parts)) for s, _ in parts)
         return rate
 
@@ -329,13 +338,16 @@ class GavelWorld(_BaseWorld):
         return Calibration(compute_factor=compute, memory_factor=memory, source="emulated")
 
 
-def gavel_world(throughputs_path: str | Path, seed: int = 0, per_server_sigma: float = 0.08) -> World:
-    """The "gavel" world from Gavel's simulation_throughputs.json."""
+def gavel_world(
+    throughputs_path: str | Path, seed: int = 0, per_server_sigma: float = 0.08, spread_slowdown: bool = True
+) -> World:
+    """The "gavel" world from Gavel's simulation_throughputs.json. `spread_slowdown=False` runs a
+    configuration over several servers at its consolidated rate, as Gavel's own simulator does."""
     with open(throughputs_path, encoding="utf-8") as fh:
         data = json.load(fh)
     if not isinstance(data, dict) or not data:
         raise ValueError(f"{throughputs_path}: not a throughput table")
-    return GavelWorld(data, seed, per_server_sigma)
+    return GavelWorld(data, seed, per_server_sigma, spread_slowdown)
 
 
 # ----------------------------------------------------------------------------------------------- paper

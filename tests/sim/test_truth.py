@@ -238,6 +238,17 @@ def test_gavel_world_fills_missing_counts_and_slows_spread_jobs() -> None:
 
 
 @needs_data
+def test_gavel_world_without_spread_slowdown_uses_consolidated_rates() -> None:
+    # --gavel-compat: Gavel's simulator runs a job over several servers at its consolidated rate.
+    world = gavel_world(THROUGHPUTS, per_server_sigma=0.0, spread_slowdown=False)
+    job = "Transformer (batch size 64)"
+    r8 = world.true_rate(job, [(server("p", "p100", gpus=8), 8)])
+    assert world.true_rate(job, [(server("p", "p100"), 4), (server("q", "p100"), 4)]) == pytest.approx(r8)
+    two = [(server(f"p{i}", "p100"), 4) for i in range(2)]
+    assert gavel_world(THROUGHPUTS, per_server_sigma=0.0).true_rate(job, two) < r8
+
+
+@needs_data
 def test_gavel_world_per_server_factors_profile_and_calibration() -> None:
     world = gavel_world(THROUGHPUTS, seed=5)
     a, b = server("v1", "v100"), server("v2", "v100")

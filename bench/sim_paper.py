@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=5000, help="philly: the first N jobs of the trace")
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.jobs <= 0:
+        parser.error(f"--jobs: must be a positive integer, got {args.jobs}")
     seeds = [int(s) for s in args.seeds.split(",")]
     rates = [float(r) for r in args.rates.split(",")]
     t0 = time.perf_counter()

@@ -90,6 +90,15 @@ def test_partitioned_agent_job_moves_and_stale_attempt_is_stopped_on_heal(make_c
             wait_for(lambda: health(cluster, "n2") == "LOST", 15, "n2 LOST")
             fresh = relaunched_on_n1(cluster, job_id, stale)
             assert attempt_state(cluster, "n2", stale) == "running"  # nobody could tell it to stop
+            # The known limit: both attempts run at once while n2 is away. Let the watcher (0.1-s samples)
+            # see it before the heal, so a quick heal cannot hide it.
+            pair = tuple(sorted((stale, fresh)))
+            wait_for(
+                lambda: any(o.attempts == pair for o in watcher.overlaps),
+                15,
+                "the watcher seeing both attempts run",
+                lambda: watcher.running(),
+            )
             proxy.start()  # heal
             t_reaped = reaped(cluster, "n2", stale, cluster.root / "agent-n2.log")
             wait_for(lambda: health(cluster, "n2") == "HEALTHY", 10, "n2 HEALTHY again")

@@ -1,35 +1,59 @@
-"""The discrete-event, round-based simulator: the same policies and planner as the master, on a
-simulated clock, against a hidden ground truth (hopsmgr.sim.truth) the estimator has to learn.
+"""The discrete-event simulator: a driver of the master's own scheduler state machine (hopsmgr.control)
+on a simulated clock, against a hidden ground truth (hopsmgr.sim.truth) the estimator has to learn.
 
-Events: arrivals, round starts, profiling runs finishing, job completions. At a round start, new jobs
-enter the profiling queue (one short run per GPU type, `profile_s` long, in parallel) and the policy
-makes its first plan; policies with fragment plans plan again whenever GPUs go idle within the round
-(a completion, a profile finishing, or fragments left by the first plan). Plans are reconciled into
-checkpoint-and-stop and launch actions; every job state change goes through the lifecycle table.
-Costs the live system pays are charged: every launch (first or resumed) spends `restart_s` of the
-model (checkpoint restore and warm-up) before it makes progress, and the measured solver time can be
-charged to the launches of the round (`charge_solver`). Running jobs report noisy throughput samples,
-which feed the estimator; its error against the truth is recorded for configurations seen before and
-for servers a job never ran on.
-
-Simplification (documented in docs): profiling runs do not take GPUs away from the plan.
+Nothing here decides: arrivals become `JobSubmitted` events, the round clock `RoundTick`s, and the
+machine's commands are answered by a simulated executor from the ground truth. A launch runs at the
+world's true rate after the model's restart cost (checkpoint restore and warm-up), a checkpoint-and-stop
+keeps its GPUs while the checkpoint is written, a profiling run holds one GPU for `profile_s` and
+returns the world's profile, and plan requests are answered at once by the policy (the solver time is
+measured, and can be charged to the launches of the round: `charge_solver`). Running attempts report
+noisy throughput samples, which feed the estimator; its error against the truth is sampled first, for
+configurations seen before and for servers a job never ran on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from hopsmgr.control import snapshot as views
+from hopsmgr.control.commands import (
+    CheckpointAndStop,
+    Command,
+    JobChange,
+    LaunchAttempt,
+    Persist,
+    PlanRequest,
+    PlanSoon,
+    Reply,
+    StartProfiling,
+    StopAttempt,
+)
+from hopsmgr.control.events import (
+    AttemptEnded,
+    AttemptProgressed,
+    AttemptStarted,
+    Event,
+    JobCancelled,
+    JobSubmitted,
+    NodeBeat,
+    RoundTick,
+)
+from hopsmgr.control.machine import ControlSettings, SchedulerMachine
+from hopsmgr.control.planning import compute_plan
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.lifecycle import JobState, transition
+from hopsmgr.core.lifecycle import TERMINAL, JobState
 from hopsmgr.core.metrics import JobRecord, RoundRecord
-from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec, JobView, Server, TenantQuota
-from hopsmgr.core.planner import Plan, PlanKind
-from hopsmgr.core.reconcile import CheckpointStop, Launch, reconcile
+from hopsmgr.core.model import Config, JobSpec, Server, TenantQuota
+from hopsmgr.core.priority import PriorityContext, expected_run_s
+from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.base import Policy
+from hopsmgr.runtime.core import EXIT_CHECKPOINTED
 from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob
 
@@ -40,36 +64,13 @@ _EPS = 1e-9
 class SimOptions:
     profile_s: float = 60.0
     charge_solver: bool = False
-    restart_costs: bool = True
+    restart_costs: bool = True  # launches pay the model's restart cost; checkpoints take time to write
     profiling: bool = True
     observe_every_s: float = 300.0
+    checkpoint_bytes_per_s: float = 200e6  # checkpoint write speed (GPUs stay held meanwhile)
+    checkpoint_fixed_s: float = 5.0
     max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
-
-
-@dataclass(slots=True)
-class _Job:
-    w: WorkloadJob
-    spec: JobSpec
-    state: JobState = JobState.PENDING
-    done: float = 0.0
-    waited: float = 0.0
-    attained: float = 0.0
-    running_s: float = 0.0
-    config: Config | None = None
-    rate: float = 0.0
-    ready_at: float = 0.0
-    restarts: int = 0
-    first_start: float | None = None
-    end: float | None = None
-    profile_done_at: float | None = None
-    last_observed: float = -math.inf
-    active_integral: float = 0.0
-    ran_on: set[str] = field(default_factory=set)
-    attempt_start: float = 0.0
-
-    def key(self) -> int:
-        return job_key(self.spec.id)
 
 
 def job_key(job_id: str) -> int:
@@ -99,6 +100,40 @@ class SimResult:
     span_s: float
 
 
+@dataclass(slots=True)
+class _Run:
+    """What the ground truth knows of a run attempt: its true rate and when it makes progress."""
+
+    attempt_id: str
+    job_id: str
+    config: Config
+    rate: float
+    launched: float
+    ready_at: float
+    base: float  # samples done when it launched
+    token: int  # a scheduled end carries it; a stop changes it (the end is then void)
+    stopped: bool = False
+
+    def done_at(self, t: float) -> float:
+        return self.base + self.rate * max(0.0, t - self.ready_at)
+
+
+@dataclass(slots=True)
+class _JobTruth:
+    w: WorkloadJob
+    spec: JobSpec
+    done: float = 0.0
+    first_start: float | None = None
+    end: float | None = None
+    final: JobState | None = None
+    running_s: float = 0.0
+    arrival_integral: float = 0.0
+    end_integral: float | None = None
+    last_observed: float = -math.inf
+    ran_on: set[str] = field(default_factory=set)
+    history: list[JobState] = field(default_factory=list)
+
+
 class Simulation:
     def __init__(
         self,
@@ -112,20 +147,29 @@ class Simulation:
         tenants: Mapping[str, TenantQuota] | None = None,
     ) -> None:
         self.world = world
-        self.tenants = dict(tenants or {})
         # Servers as the agents would report them: calibration measured by their kernels.
         self.servers = [
             Server(s.id, s.gpu_type, s.gpus, world.calibration(s), s.host_model, s.order) for s in servers
         ]
         self.by_id = {s.id: s for s in self.servers}
-        self.capacity = {s.id: s.gpus for s in self.servers}
-        self.total_gpus = sum(self.capacity.values())
+        self.total_gpus = sum(s.gpus for s in self.servers)
         self.policy = policy
         self.options = options
         self.timer = timer
-        self.estimator = estimator or Estimator()
         self.rng = random.Random(options.seed)
-        self.jobs: list[_Job] = []
+        base = getattr(policy, "settings", None)
+        scheduler = base if isinstance(base, SchedulerSettings) else SchedulerSettings()
+        settings = ControlSettings(
+            scheduler=replace(scheduler, round_seconds=policy.round_seconds),
+            fragment_plans=policy.fragment_plans,
+            profiling=options.profiling,
+            observe_every_s=0.0,  # the simulator reports every observe_every_s itself
+        )
+        self.machine = SchedulerMachine(
+            tuple(self.servers), tuple((tenants or {}).values()), settings, estimator, started=0.0
+        )
+        self.jobs: dict[str, _JobTruth] = {}
+        self.order: list[_JobTruth] = []
         for w in sorted(workload, key=lambda w: (w.arrival_s, w.job_id)):
             model = world.model(w.model)
             spec = JobSpec(
@@ -139,247 +183,291 @@ class Simulation:
                 submit_time=w.arrival_s,
                 restart_s=model.restart_s if options.restart_costs else 0.0,
             )
-            self.jobs.append(_Job(w, spec))
-        self.live: list[_Job] = []
+            truth = _JobTruth(w, spec)
+            self.jobs[w.job_id] = truth
+            self.order.append(truth)
+        self.runs: dict[str, _Run] = {}
+        self.profiles: dict[str, tuple[int, str, str]] = {}  # attempt -> (token, job, server)
         self.rounds: list[RoundRecord] = []
         self.samples: list[EstimatorSample] = []
         self.timeline: list[tuple[float, float, int]] = []
+        self.changes: list[JobChange] = []
+        self.plans: list[tuple[str, float]] = []
         self.preemptions = 0
         self.migrations = 0
         self.busy_gpu_s = 0.0
         self.now = 0.0
-        self._next_arrival = 0
-        self._solver_debt = 0.0
-        self._changed = True
+        self._live_integral = 0.0
+        self._live = 0
+        self._heap: list[tuple[float, int, Event]] = []
+        self._seq = 0
+        self._pending: deque[Event] = deque()
+        self._fragment_wanted = False
+        self._round_solver_s = 0.0
+        self._solver_delay = 0.0
+        self._stim = 0
+        self._tokens = 0
+        self._finished = 0
 
-    # ---- time -------------------------------------------------------------------------------
+    # ---- plumbing ---------------------------------------------------------------------------------------
+    def _stimulus(self, what: str) -> str:
+        self._stim += 1
+        return f"sim-{what}-{self._stim}"
+
+    def _token(self) -> int:
+        self._tokens += 1
+        return self._tokens
+
+    def _at(self, t: float, event: Event) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (t, self._seq, event))
+
+    def feed(self, event: Event) -> None:
+        """Hand one event to the machine now, and every event its commands cause, until quiet."""
+        self._pending.append(event)
+        while self._pending:
+            for command in self.machine.handle(self._pending.popleft(), self.now):
+                self._do(command)
+
     def _advance(self, t: float) -> None:
-        dt = t - self.now
-        if dt <= 0:
-            return
-        active = len(self.live)
-        for job in self.live:
-            job.active_integral += active * dt
-            if job.state in (JobState.RUNNING, JobState.LAUNCHING) and job.config is not None:
-                start = max(self.now, job.ready_at)
-                if t > start:
-                    job.done = min(job.spec.total_samples, job.done + job.rate * (t - start))
-                job.running_s += dt
-                job.attained += job.config.gpus * dt
-                self.busy_gpu_s += job.config.gpus * dt
-            else:
-                job.waited += dt
-        self.now = t
+        if t > self.now:
+            self._live_integral += self._live * (t - self.now)
+            self.now = t
 
-    def _finish_time(self, job: _Job) -> float:
-        if job.config is None or job.rate <= 0:
-            return math.inf
-        return max(self.now, job.ready_at) + (job.spec.total_samples - job.done) / job.rate
-
-    # ---- main loop --------------------------------------------------------------------------
+    # ---- main loop --------------------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
-        if not self.jobs:
+        if not self.order:
             return self._result()
+        self.now = self.order[0].w.arrival_s
+        for server in self.servers:
+            self.feed(NodeBeat(self._stimulus("node"), server.id, True, server, server.gpus))
         round_s = self.policy.round_seconds
-        self.now = self.jobs[0].w.arrival_s
         next_round = self.now
-        finished = 0
-        while finished < len(self.jobs):
-            t_arrival = (
-                self.jobs[self._next_arrival].w.arrival_s if self._next_arrival < len(self.jobs) else math.inf
-            )
-            running = [j for j in self.live if j.config is not None]
-            t_done = min((self._finish_time(j) for j in running), default=math.inf)
-            t_profile = min(
-                (j.profile_done_at for j in self.live if j.profile_done_at is not None), default=math.inf
-            )
-            t = min(t_arrival, next_round, t_done, t_profile)
-            if t - self.jobs[-1].w.arrival_s > self.options.max_sim_s:
+        arrivals = deque(self.order)
+        last_arrival = self.order[-1].w.arrival_s
+        while self._ended() < len(self.order):
+            t_arrival = arrivals[0].w.arrival_s if arrivals else math.inf
+            t_event = self._heap[0][0] if self._heap else math.inf
+            t = min(t_arrival, t_event, next_round)
+            if t - last_arrival > self.options.max_sim_s:
                 break
             self._advance(t)
-            idle_event = False
-            for job in [j for j in running if self._finish_time(j) <= t + _EPS]:
-                self._complete(job)
-                finished += 1
-                idle_event = True
-            for job in [
-                j for j in self.live if j.profile_done_at is not None and j.profile_done_at <= t + _EPS
-            ]:
-                self._profiled(job)
-                idle_event = True
-            while (
-                self._next_arrival < len(self.jobs) and self.jobs[self._next_arrival].w.arrival_s <= t + _EPS
-            ):
-                self._arrive(self.jobs[self._next_arrival])
-                self._next_arrival += 1
+            while self._heap and self._heap[0][0] <= t + _EPS:
+                event = heapq.heappop(self._heap)[2]
+                if isinstance(event, _RunEnd):
+                    self._end_run(event)
+                elif isinstance(event, _ProfileEnd):
+                    self._end_profile(event)
+                else:
+                    self.feed(event)
+            while arrivals and arrivals[0].w.arrival_s <= t + _EPS:
+                self._arrive(arrivals.popleft())
             if t >= next_round - _EPS:
-                self._round_start()
                 next_round = t + round_s
-                finished += self._fail_stranded()
+                self._round()
+                if not arrivals:
+                    self._cancel_stranded()
                 if progress is not None:
-                    progress(finished / len(self.jobs))
-            elif idle_event and self.policy.fragment_plans and self._fits_idle():
-                self._plan("fragment")
+                    progress(self._ended() / len(self.order))
+            elif self._fragment_wanted:
+                self._fragment_wanted = False
+                self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
         return self._result()
 
-    # ---- events -----------------------------------------------------------------------------
-    def _arrive(self, job: _Job) -> None:
-        self.live.append(job)
-        self._changed = True
-        if self.options.profiling and self._idle_gpus() > 0:
-            # Idle GPUs: profile now rather than at the next round start (the plan is not disturbed).
-            job.state = transition(job.state, JobState.PROFILING)
-            job.profile_done_at = self.now + self.options.profile_s
+    def _ended(self) -> int:
+        return self._finished
+
+    def _arrive(self, job: _JobTruth) -> None:
+        self._live += 1
+        job.arrival_integral = self._live_integral
+        profiles = {}
         if not self.options.profiling:
             for gpu_type in sorted({s.gpu_type for s in self.servers}):
                 server = next(s for s in self.servers if s.gpu_type == gpu_type)
-                self.estimator.add_profile(
-                    job.spec.id,
-                    gpu_type,
-                    self.world.profile(job.w.model, server, self.rng, rng_key=job.key()),
-                    server.calibration,
-                )
-            job.state = transition(job.state, JobState.QUEUED)
+                profile = self.world.profile(job.w.model, server, self.rng, rng_key=job_key(job.spec.id))
+                profiles[gpu_type] = (profile, server.calibration)
+        self.feed(JobSubmitted(self._stimulus("submit"), job.spec, "simulator", profiles))
 
-    def _round_start(self) -> None:
-        for job in self.live:
-            if job.state == JobState.PENDING:
-                job.state = transition(job.state, JobState.PROFILING)
-                job.profile_done_at = self.now + self.options.profile_s
+    def _round(self) -> None:
+        self._round_solver_s = 0.0
         self._observe()
-        # Level-triggered, as the master: with nobody waiting and nothing changed since the last plan
-        # (no arrival, completion, profile, launch or stop), the plan would be the same one.
-        if self._changed or self._waiting():
-            self._changed = False
-            self._plan("first")
-            if self.policy.fragment_plans and self._fits_idle():
-                self._plan("fragment")
-        else:
-            self._last_solver_s = 0.0
-        idle = self._idle_gpus()
-        waiting = self._waiting()
+        self._solver_delay = 0.0
+        self.feed(RoundTick(self._stimulus("round"), "first"))
+        if self._fragment_wanted:
+            self._fragment_wanted = False
+            self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
+        state = self.machine.state
+        idle = views.idle_gpus(state, self.now, self.machine.settings.exec_error_backoff_s)
+        waiting = sum(1 for j in state.jobs.values() if j.state == JobState.QUEUED)
         self.rounds.append(
             RoundRecord(
                 start=self.now,
                 idle_gpus_after_plan=idle,
                 jobs_waiting=waiting,
-                solver_s=self._last_solver_s,
+                solver_s=self._round_solver_s,
                 busy_gpus=self.total_gpus - idle,
                 total_gpus=self.total_gpus,
             )
         )
         self.timeline.append((self.now, self._normalised_throughput(), idle if waiting else 0))
 
-    def _fail_stranded(self) -> int:
-        """Queued jobs the policy will never place: nothing runs, profiles or arrives, yet the plan
-        launched nothing. They fail (the live system would report them unplaceable) so the run ends."""
-        if self._next_arrival < len(self.jobs) or any(j.config is not None for j in self.live):
-            return 0
-        if any(j.state in (JobState.PENDING, JobState.PROFILING) for j in self.live):
-            return 0
-        stranded = [j for j in self.live if j.state == JobState.QUEUED]
-        for job in stranded:
-            job.state = transition(job.state, JobState.FAILED)
-            job.end = None
-            self.live.remove(job)
-        return len(stranded)
+    def _cancel_stranded(self) -> None:
+        """Queued jobs the policy will never place: nothing runs, profiles or is scheduled, yet the plan
+        launched nothing. They end (the live system would show them unplaceable) so the run ends."""
+        state = self.machine.state
+        if state.attempts or self._heap or self.machine.inflight is not None:
+            return
+        if any(j.state in (JobState.PENDING, JobState.PROFILING) for j in state.jobs.values()):
+            return
+        for job_id in sorted(state.jobs):
+            self.feed(JobCancelled(self._stimulus("stranded"), job_id, "simulator: no plan placed it"))
 
-    def _profiled(self, job: _Job) -> None:
-        job.profile_done_at = None
-        self._changed = True
-        for gpu_type in sorted({s.gpu_type for s in self.servers}):
-            server = self.rng.choice([s for s in self.servers if s.gpu_type == gpu_type])
-            self.estimator.add_profile(
-                job.spec.id,
-                gpu_type,
-                self.world.profile(job.w.model, server, self.rng, rng_key=job.key()),
-                server.calibration,
-            )
-        job.state = transition(job.state, JobState.QUEUED)
+    # ---- the simulated executor ----------------------------------------------------------------------
+    def _do(self, command: Command) -> None:
+        if isinstance(command, Persist):
+            for record in command.records:
+                if isinstance(record, JobChange):
+                    self._changed(record)
+        elif isinstance(command, LaunchAttempt):
+            self._launch(command)
+        elif isinstance(command, StartProfiling):
+            self._profile(command)
+        elif isinstance(command, CheckpointAndStop):
+            self._stop(command.attempt_id, checkpoint=True)
+            if command.reason == "migrated":
+                self.migrations += 1
+            else:
+                self.preemptions += 1
+        elif isinstance(command, StopAttempt):
+            self._stop(command.attempt_id, checkpoint=False)
+        elif isinstance(command, PlanRequest):
+            self._plan(command)
+        elif isinstance(command, PlanSoon):
+            self._fragment_wanted = True
+        elif isinstance(command, Reply) and command.error is not None and command.error_field != "id":
+            raise ValueError(f"simulated submission refused: {command.error_field}: {command.error}")
 
-    def _complete(self, job: _Job) -> None:
-        self._changed = True
-        job.done = job.spec.total_samples
-        job.state = transition(job.state, JobState.COMPLETED)
-        job.end = self.now
-        job.config = None
-        self.live.remove(job)
-        self.estimator.forget(job.spec.id)
+    def _changed(self, change: JobChange) -> None:
+        self.changes.append(change)
+        job = self.jobs[change.job_id]
+        job.history.append(change.new)
+        if change.new == JobState.LAUNCHING and job.first_start is None:
+            job.first_start = change.at
+        if change.new in TERMINAL:
+            job.final = change.new
+            job.end = change.at if change.new == JobState.COMPLETED else None
+            job.running_s = change.counters["running_s"]
+            job.end_integral = self._live_integral
+            self._live -= 1
+            self._finished += 1
 
-    # ---- planning ---------------------------------------------------------------------------
-    _last_solver_s: float = 0.0
-
-    def _snapshot(self) -> ClusterSnapshot:
-        views = tuple(
-            JobView(
-                spec=j.spec,
-                done_samples=j.done,
-                waited_s=j.waited,
-                attained_gpu_s=j.attained,
-                running_s=j.running_s,
-                current=j.config,
-                restarts=j.restarts,
-                attempt_s=(self.now - j.attempt_start) if j.config is not None else 0.0,
-            )
-            for j in self.live
-            if j.state in (JobState.QUEUED, JobState.RUNNING, JobState.LAUNCHING)
+    def _launch(self, command: LaunchAttempt) -> None:
+        job = self.jobs[command.job_id]
+        parts = [(self.by_id[s], g) for s, g in command.placement.parts]
+        rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
+        delay = job.spec.restart_s + (self._solver_delay if self.options.charge_solver else 0.0)
+        run = _Run(
+            command.attempt_id,
+            job.spec.id,
+            command.placement,
+            rate,
+            self.now,
+            self.now + delay,
+            job.done,
+            self._token(),
         )
-        return ClusterSnapshot(tuple(self.servers), dict(self.capacity), views, self.now, self.tenants)
+        self.runs[run.attempt_id] = run
+        self._at(self.now, AttemptStarted(self._stimulus("started"), run.attempt_id))
+        finish = run.ready_at + max(0.0, job.spec.total_samples - job.done) / rate if rate > 0 else math.inf
+        if math.isfinite(finish):
+            self._at(finish, _RunEnd(self._stimulus("exit"), run.attempt_id, token=run.token))
 
-    def _plan(self, kind: PlanKind) -> Plan:
-        snapshot = self._snapshot()
-        t0 = self.timer()
-        plan = self.policy.plan(snapshot, self.estimator, kind, self.timer)
-        solver_s = self.timer() - t0
-        self._last_solver_s = solver_s if kind == "first" else self._last_solver_s + solver_s
-        by_id = {j.spec.id: j for j in self.live}
-        current = {j.spec.id: j.config for j in self.live if j.config is not None}
-        desired = {jid: c for jid, c in plan.assignments.items() if jid in by_id}
-        if kind == "fragment":
-            desired = {**current, **{jid: c for jid, c in desired.items() if jid not in current}}
-        delay = solver_s if self.options.charge_solver else 0.0
-        for action in reconcile(current, desired, self.capacity):
-            self._changed = True
-            job = by_id[action.job_id]
-            if isinstance(action, CheckpointStop):
-                job.state = transition(job.state, JobState.CHECKPOINTING)
-                job.state = transition(job.state, JobState.QUEUED)
-                job.config = None
-                job.rate = 0.0
-                job.restarts += 1
-                if action.reason == "migrated":
-                    self.migrations += 1
-                else:
-                    self.preemptions += 1
-            elif isinstance(action, Launch):
-                job.state = transition(job.state, JobState.LAUNCHING)
-                job.state = transition(job.state, JobState.RUNNING)
-                job.config = action.config
-                parts = [(self.by_id[s], g) for s, g in action.config.parts]
-                job.rate = self.world.true_rate(job.w.model, parts, job.key())
-                job.ready_at = self.now + job.spec.restart_s + delay
-                job.attempt_start = self.now
-                job.first_start = self.now if job.first_start is None else job.first_start
-        return plan
+    def _profile(self, command: StartProfiling) -> None:
+        token = self._token()
+        self.profiles[command.attempt_id] = (token, command.job_id, command.server_id)
+        self._at(self.now, AttemptStarted(self._stimulus("started"), command.attempt_id))
+        end = _ProfileEnd(self._stimulus("profiled"), command.attempt_id, token=token)
+        self._at(self.now + self.options.profile_s, end)
 
+    def _stop(self, attempt_id: str, *, checkpoint: bool) -> None:
+        run = self.runs.get(attempt_id)
+        if run is None:
+            if self.profiles.pop(attempt_id, None) is not None:
+                self._pending.append(AttemptEnded(self._stimulus("stopped"), attempt_id, "exited", -15))
+            return
+        job = self.jobs[run.job_id]
+        job.done = min(job.spec.total_samples, run.done_at(self.now))
+        run.token, run.stopped = self._token(), True
+        if checkpoint:
+            write_s = 0.0
+            if self.options.restart_costs:
+                write_s = (
+                    self.options.checkpoint_fixed_s
+                    + job.spec.params_bytes / self.options.checkpoint_bytes_per_s
+                )
+            end = AttemptEnded(
+                self._stimulus("checkpointed"),
+                attempt_id,
+                "exited",
+                EXIT_CHECKPOINTED,
+                True,
+                done_samples=job.done,
+            )
+            self._at(self.now + write_s, _RunEnd(end.stimulus_id, attempt_id, token=run.token, ended=end))
+        else:
+            end = AttemptEnded(self._stimulus("stopped"), attempt_id, "exited", -15, done_samples=job.done)
+            self._at(self.now, _RunEnd(end.stimulus_id, attempt_id, token=run.token, ended=end))
+
+    def _plan(self, request: PlanRequest) -> None:
+        ready = compute_plan(request, self.policy, self.machine.estimator, self.timer)
+        self.plans.append((request.kind, self.now))
+        self._round_solver_s += ready.planner_s
+        self._solver_delay += ready.planner_s
+        self._pending.append(ready)
+
+    def _end_run(self, end: _RunEnd) -> None:
+        run = self.runs.get(end.attempt_id)
+        if run is None or run.token != end.token:
+            return
+        del self.runs[end.attempt_id]
+        job = self.jobs[run.job_id]
+        self.busy_gpu_s += run.config.gpus * (self.now - run.launched)
+        if end.ended is not None:
+            self.feed(end.ended)
+            return
+        job.done = job.spec.total_samples
+        self.feed(AttemptEnded(end.stimulus_id, run.attempt_id, "exited", 0, done_samples=job.done))
+
+    def _end_profile(self, end: _ProfileEnd) -> None:
+        entry = self.profiles.get(end.attempt_id)
+        if entry is None or entry[0] != end.token:
+            return
+        del self.profiles[end.attempt_id]
+        _, job_id, server_id = entry
+        job = self.jobs[job_id]
+        profile = self.world.profile(job.w.model, self.by_id[server_id], self.rng, rng_key=job_key(job_id))
+        self.feed(AttemptEnded(end.stimulus_id, end.attempt_id, "exited", 0, profile=profile))
+
+    # ---- observations -----------------------------------------------------------------------------------
     def _observe(self) -> None:
-        """Running jobs report a measured throughput; the estimator's error is sampled first."""
-        for job in self.live:
-            if job.config is None or self.now < job.ready_at:
+        """Running attempts report a measured throughput; the estimator's error is sampled first."""
+        for run in list(self.runs.values()):
+            if run.stopped or self.now < run.ready_at:
                 continue
+            job = self.jobs[run.job_id]
             if self.now - job.last_observed < self.options.observe_every_s:
                 continue
-            parts = [(self.by_id[s], g) for s, g in job.config.parts]
-            here = set(job.config.servers)
-            seen = here <= job.ran_on
-            self._sample_error(job, job.config, parts, seen)
+            parts = [(self.by_id[s], g) for s, g in run.config.parts]
+            here = set(run.config.servers)
+            self._sample_error(job, run.config, parts, here <= job.ran_on)
             other = self._unseen_server(job.ran_on | here)
             if other is not None:
                 self._sample_error(job, Config.single(other.id, 1), [(other, 1)], False)
-            measured = self.world.sample_rate(job.w.model, parts, self.rng, rng_key=job.key())
-            self.estimator.observe(job.spec.id, job.config, self.by_id, measured, job=job.spec)
-            job.ran_on.update(job.config.servers)
+            measured = self.world.sample_rate(job.w.model, parts, self.rng, rng_key=job_key(job.spec.id))
+            job.ran_on.update(run.config.servers)
             job.last_observed = self.now
+            done = min(job.spec.total_samples, run.done_at(self.now))
+            self.feed(AttemptProgressed(self._stimulus("progress"), run.attempt_id, done, measured))
 
     def _unseen_server(self, excluded: set[str]) -> Server | None:
         """A server drawn uniformly from those not in `excluded` (None if there is none)."""
@@ -393,50 +481,49 @@ class Simulation:
         unseen = [s for s in self.servers if s.id not in excluded]
         return self.rng.choice(unseen) if unseen else None
 
-    def _sample_error(self, job: _Job, config: Config, parts: list[tuple[Server, int]], seen: bool) -> None:
-        predicted = self.estimator.config_rate(job.spec, config, self.by_id)
-        true = self.world.true_rate(job.w.model, parts, job.key())
+    def _sample_error(
+        self, job: _JobTruth, config: Config, parts: list[tuple[Server, int]], seen: bool
+    ) -> None:
+        predicted = self.machine.estimator.config_rate(job.spec, config, self.by_id)
+        true = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
         if predicted is not None and true > 0:
-            per_gpu_error = abs(predicted - true) / true  # same GPU count: total and per-GPU errors match
-            self.samples.append(EstimatorSample(self.now, per_gpu_error, seen))
+            self.samples.append(EstimatorSample(self.now, abs(predicted - true) / true, seen))
 
-    # ---- measures ---------------------------------------------------------------------------
-    def _idle_gpus(self) -> int:
-        return self.total_gpus - sum(j.config.gpus for j in self.live if j.config is not None)
-
-    def _fits_idle(self) -> bool:
-        """Some queued job's smallest requirement fits in the idle GPUs (worth a fragment plan)."""
-        idle = self._idle_gpus()
-        return idle > 0 and any(
-            j.state == JobState.QUEUED and j.spec.requirements.minimum <= idle for j in self.live
-        )
-
-    def _waiting(self) -> int:
-        return sum(1 for j in self.live if j.state == JobState.QUEUED)
-
+    # ---- measures -----------------------------------------------------------------------------------
     def _normalised_throughput(self) -> float:
         total = 0.0
-        for job in self.live:
-            if job.config is not None and self.now >= job.ready_at:
-                total += job.rate / max(self.world.reference_rate(job.w.model, 1), _EPS)
+        for run in self.runs.values():
+            if not run.stopped and self.now >= run.ready_at:
+                model = self.jobs[run.job_id].w.model
+                total += run.rate / max(self.world.reference_rate(model, 1), _EPS)
         return total
 
-    def _expected_run_s(self, job: _Job) -> float:
-        """HOPS.md age with true speeds: sum_type P(type) * samples / (rate_type(1 GPU) * R_avg)."""
-        total = 0.0
-        for gpu_type in sorted({s.gpu_type for s in self.servers}):
-            share = sum(s.gpus for s in self.servers if s.gpu_type == gpu_type) / self.total_gpus
-            rate = self.world.reference_rate(job.w.model, 1, gpu_type)
-            total += share * job.spec.total_samples / (rate * job.spec.requirements.mean)
-        return total
+    def _true_context(self) -> PriorityContext:
+        shares: dict[str, float] = {}
+        for s in self.servers:
+            shares[s.gpu_type] = shares.get(s.gpu_type, 0.0) + s.gpus / self.total_gpus
+        models = {j.spec.id: j.w.model for j in self.order}
+        return PriorityContext(
+            now=self.now,
+            type_share=shares,
+            rate=lambda spec, gpu_type: self.world.reference_rate(models[spec.id], 1, gpu_type),
+            total_gpus=self.total_gpus,
+        )
 
     def _result(self) -> SimResult:
+        ctx = self._true_context()
         records = []
-        for job in self.jobs:
-            expected = self._expected_run_s(job)
-            life = (job.end if job.end is not None else self.now) - job.w.arrival_s
-            contenders = job.active_integral / life if life > 0 else 1.0
+        for job in self.order:
+            expected = expected_run_s(job.spec, ctx)  # the one formula, with the world's true speeds
+            end_or_now = job.end if job.end is not None else self.now
+            life = end_or_now - job.w.arrival_s
+            integral = (
+                job.end_integral if job.end_integral is not None else self._live_integral
+            ) - job.arrival_integral
+            contenders = integral / life if life > 0 else 1.0
             ideal = expected * max(1.0, contenders * job.spec.requirements.mean / self.total_gpus)
+            live = self.machine.state.jobs.get(job.spec.id)
+            running = job.running_s if live is None else live.running_s
             records.append(
                 JobRecord(
                     job_id=job.spec.id,
@@ -445,13 +532,13 @@ class Simulation:
                     submit_time=job.w.arrival_s,
                     first_start=job.first_start,
                     end_time=job.end,
-                    waited_s=job.waited,
+                    waited_s=max(0.0, life - running),
                     expected_run_s=expected,
                     ideal_s=ideal,
-                    completed=job.state == JobState.COMPLETED,
+                    completed=job.final == JobState.COMPLETED,
                 )
             )
-        span = (max((j.end or 0.0) for j in self.jobs) - self.jobs[0].w.arrival_s) if self.jobs else 0.0
+        span = max((j.end or 0.0) for j in self.order) - self.order[0].w.arrival_s if self.order else 0.0
         return SimResult(
             policy=self.policy.name,
             description=self.policy.description,
@@ -465,3 +552,18 @@ class Simulation:
             total_gpus=self.total_gpus,
             span_s=span,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _RunEnd(Event):
+    """The simulator's own timer: a run attempt's true end (void when its token is stale)."""
+
+    attempt_id: str = ""
+    token: int = 0
+    ended: AttemptEnded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ProfileEnd(Event):
+    attempt_id: str = ""
+    token: int = 0

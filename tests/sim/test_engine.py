@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from hopsmgr.control.events import Event
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TRANSITIONS, JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, RequirementSet, Server
@@ -26,7 +27,7 @@ from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.base import Policy, Timer
 from hopsmgr.policies.fifo import FifoPolicy
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
-from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, _Job, job_key
+from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, job_key
 from hopsmgr.sim.oracle import OracleEstimator
 from hopsmgr.sim.truth import World, paper_world
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
@@ -104,58 +105,51 @@ class RecordingPolicy:
         return plan
 
 
-class _RecordingJob(_Job):
-    """A simulator job that keeps every state it is given (the engine assigns `job.state` only)."""
-
-    @property
-    def state(self) -> JobState:
-        return self.__dict__["_state"]
-
-    @state.setter
-    def state(self, value: JobState) -> None:
-        self.__dict__["_state"] = value
-        self.__dict__.setdefault("history", []).append(value)
-
-    @property
-    def history(self) -> list[JobState]:
-        return self.__dict__["history"]
-
-
 class CheckedSimulation(Simulation):
-    """After every reconciled plan: no server holds more GPUs than it has, every placed job runs at one
-    of its requirement counts on known servers. Jobs record their state histories."""
+    """After every event the machine handled: no server holds more GPUs than it has and no GPU index is
+    given twice, every placed job is launching or running at one of its requirement counts on known
+    servers, and each job is live in the machine or ended, never both."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.jobs = [_RecordingJob(j.w, j.spec) for j in self.jobs]
         self.violations: list[str] = []
-        self.plans: list[tuple[PlanKind, float]] = []
 
-    def _plan(self, kind: PlanKind) -> Plan:
-        plan = super()._plan(kind)
-        self.plans.append((kind, self.now))
-        used: Counter[str] = Counter()
-        for job in self.live:
-            if job.config is None:
-                continue
-            if job.state not in (JobState.RUNNING, JobState.LAUNCHING):
-                self.violations.append(f"t={self.now}: {job.spec.id} placed in state {job.state}")
-            if job.config.gpus not in job.spec.requirements.counts:
-                self.violations.append(
-                    f"t={self.now}: {job.spec.id} on {job.config.gpus} GPUs, "
-                    f"requirements {job.spec.requirements.counts}"
-                )
-            for sid, g in job.config.parts:
+    def feed(self, event: Event) -> None:
+        super().feed(event)
+        state = self.machine.state
+        used: Counter[str] = Counter(state.occupied())
+        for sid, n in state.held().items():
+            if n > self.by_id[sid].gpus:
+                self.violations.append(f"t={self.now}: {sid} claimed {n} GPUs")
+        devices: Counter[tuple[str, int]] = Counter()
+        for attempt in state.attempts.values():
+            for sid, g in attempt.placement.parts:
                 if sid not in self.by_id:
-                    self.violations.append(f"t={self.now}: {job.spec.id} on unknown server {sid!r}")
-                used[sid] += g
+                    self.violations.append(f"t={self.now}: {attempt.id} on unknown server {sid!r}")
+            if attempt.launched and sum(len(d) for d in attempt.devices.values()) != attempt.placement.gpus:
+                self.violations.append(f"t={self.now}: {attempt.id} devices {attempt.devices}")
+            for sid, ds in attempt.devices.items():
+                devices.update((sid, d) for d in ds)
+            job = state.jobs.get(attempt.job_id)
+            if job is not None and job.attempt == attempt.id and not attempt.stopping:
+                if job.state not in (JobState.RUNNING, JobState.LAUNCHING):
+                    self.violations.append(f"t={self.now}: {job.id} placed in state {job.state}")
+                if attempt.placement.gpus not in job.spec.requirements.counts:
+                    self.violations.append(f"t={self.now}: {job.id} on {attempt.placement.gpus} GPUs")
         for sid, n in used.items():
-            if n > CAPACITY.get(sid, 0):
-                self.violations.append(f"t={self.now} {kind}: {sid} holds {n} GPUs of {CAPACITY.get(sid, 0)}")
-        return plan
+            if n > CAPACITY.get(sid, self.by_id[sid].gpus):
+                self.violations.append(f"t={self.now}: {sid} holds {n} GPUs")
+        self.violations += [f"t={self.now}: GPU {k} given twice" for k, n in devices.items() if n > 1]
+        for job_id in state.jobs:
+            if self.jobs[job_id].final is not None:
+                self.violations.append(f"t={self.now}: {job_id} ended and live")
+
+    @property
+    def live(self) -> dict[str, Any]:
+        return self.machine.state.jobs
 
     def histories(self) -> dict[str, list[JobState]]:
-        return {j.spec.id: j.history for j in self.jobs if isinstance(j, _RecordingJob)}
+        return {job_id: truth.history for job_id, truth in self.jobs.items()}
 
 
 def simulate(
@@ -274,15 +268,15 @@ def test_lifecycle_without_profiling_skips_profiling() -> None:
 
 
 class _Probe(CheckedSimulation):
-    """Records (time, samples done) of every job at every round start."""
+    """Records (time, samples done) of every running attempt at every round start."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.progress: list[tuple[float, float]] = []
 
-    def _round_start(self) -> None:
-        self.progress.extend((self.now, j.done) for j in self.jobs if j.state == JobState.RUNNING)
-        super()._round_start()
+    def _round(self) -> None:
+        self.progress.extend((self.now, run.done_at(self.now)) for run in self.runs.values())
+        super()._round()
 
 
 @pytest.mark.parametrize("profiling", [False, True])

@@ -1,0 +1,474 @@
+"""The scheduler state machine: every scheduling decision of hopsmgr, sans I/O (events in, commands out).
+
+`SchedulerMachine.handle(event, now)` applies one event to the state (hopsmgr.control.records) and
+returns the commands it causes (hopsmgr.control.commands): first a `Persist` with the records to write,
+then node commands, plan requests and replies. It reads no clock (`now` comes in), does no I/O and
+knows nothing of asyncio, SQLite or SSH: the master and the simulator are two drivers of it. Everything
+that decides lives here or below: submission limits, the job lifecycle (one door: `_set`, through the
+table of hopsmgr.core.lifecycle), node health from heartbeat ages, the profiling budget, when a
+fragment plan is worth making, turning a plan into ordered stops and launches (hopsmgr.control.acting),
+and when a launch may go (once the stops that free its GPUs have ended).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hopsmgr.control import acting
+from hopsmgr.control import snapshot as views
+from hopsmgr.control.commands import (
+    AttemptRow,
+    Command,
+    JobChange,
+    JobNote,
+    LaunchAttempt,
+    Persist,
+    PlanRequest,
+    PlanSoon,
+    Record,
+    Reply,
+    StartProfiling,
+    StopAttempt,
+    StopReason,
+)
+from hopsmgr.control.events import (
+    AttemptEnded,
+    AttemptLaunchFailed,
+    AttemptProgressed,
+    AttemptStarted,
+    Event,
+    HealthTick,
+    JobCancelled,
+    JobSubmitted,
+    NodeBeat,
+    NodeCommandFailed,
+    NodeDrained,
+    PlanReady,
+    RoundTick,
+)
+from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
+from hopsmgr.core.model import Server, TenantQuota
+from hopsmgr.core.priority import expected_run_s
+from hopsmgr.core.settings import SchedulerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class ControlSettings:
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    fragment_plans: bool = True  # the policy's: plan idle GPUs between rounds
+    profiling: bool = True  # new jobs get profiling runs (off: they need profiles at submission)
+    profiling_share: float = 0.25
+    observe_every_s: float = 10.0  # at most one throughput observation per attempt this often
+    suspect_after_s: float = 15.0
+    lost_after_s: float = 60.0
+    exec_error_backoff_s: float = 60.0
+
+
+class SchedulerMachine:
+    def __init__(
+        self,
+        servers: tuple[Server, ...],
+        tenants: tuple[TenantQuota, ...],
+        settings: ControlSettings,
+        estimator: Estimator | None = None,
+        started: float = 0.0,
+    ) -> None:
+        self.settings = settings
+        self.state = ControlState(
+            nodes={s.id: Node(s, s.gpus) for s in servers}, tenants={t.name: t for t in tenants}
+        )
+        self.estimator = estimator if estimator is not None else Estimator()
+        self.started = started
+        self.attempt_seq = 0
+        self.request_seq = 0
+        self.inflight: int | None = None  # the plan request not answered yet
+        self.first_due = False  # a first plan was asked for while another plan was in flight
+        self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
+        self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
+        self._records: list[Record] = []
+        self._out: list[Command] = []
+        self._stimulus = ""
+        self._now = 0.0
+        self._handlers: dict[type, Callable[[Event], None]] = {
+            JobSubmitted: self._submitted,  # type: ignore[dict-item]
+            JobCancelled: self._cancelled,  # type: ignore[dict-item]
+            AttemptStarted: self._started,  # type: ignore[dict-item]
+            AttemptLaunchFailed: self._launch_failed,  # type: ignore[dict-item]
+            AttemptProgressed: self._progressed,  # type: ignore[dict-item]
+            AttemptEnded: self._ended,  # type: ignore[dict-item]
+            NodeBeat: self._beat,  # type: ignore[dict-item]
+            NodeCommandFailed: self._command_failed,  # type: ignore[dict-item]
+            NodeDrained: self._drained,  # type: ignore[dict-item]
+            HealthTick: self._health,  # type: ignore[dict-item]
+            RoundTick: self._round,  # type: ignore[dict-item]
+            PlanReady: self._plan_ready,  # type: ignore[dict-item]
+        }
+
+    # -- the one entry point ----------------------------------------------------------------------------
+
+    def handle(self, event: Event, now: float) -> list[Command]:
+        """Apply `event` at time `now`; the commands it causes, a Persist of its records first."""
+        self._records, self._out = [], []
+        self._stimulus, self._now = event.stimulus_id, now
+        if not isinstance(event, (AttemptProgressed, HealthTick, RoundTick, PlanReady)):
+            self.changed = True
+        self._handlers[type(event)](event)
+        out = self._out
+        if self._records:
+            out = [Persist(self._stimulus, tuple(self._records)), *out]
+        self._records, self._out = [], []
+        return out
+
+    # -- helpers used by acting --------------------------------------------------------------------------
+
+    def emit(self, command: Command) -> None:
+        self._out.append(command)
+
+    def record(self, record: Record) -> None:
+        self._records.append(record)
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @property
+    def stimulus(self) -> str:
+        return self._stimulus
+
+    def note(self, job: Job, kind: str, message: str) -> None:
+        self._records.append(JobNote(job.id, self._now, kind, message))
+
+    def set_state(self, job: Job, new: JobState, kind: str, message: str = "") -> None:
+        """The one way a job changes state: the lifecycle table, then a record of the change."""
+        old = job.state
+        job.state = transition(old, new)
+        job.state_since = self._now
+        if new == JobState.FAILED:
+            job.reason = message
+        if new in (JobState.LAUNCHING, JobState.RUNNING) and job.first_start is None:
+            job.first_start = self._now
+        if new in TERMINAL:
+            job.ended = self._now
+            expected = self.expected_run_s(job)
+            if expected and math.isfinite(
+                expected
+            ):  # RAQLR: the latency ratio (wait / age) of every job that ended
+                wait = max(0.0, self._now - job.submitted - job.running_s)
+                self.ended_lr.append((self._now, wait / expected))
+                del self.ended_lr[:-10_000]
+        self._records.append(
+            JobChange(job.id, old, new, self._now, kind, message, job.counters(), job.has_checkpoint)
+        )
+        if new not in LIVE:
+            self.state.jobs.pop(job.id, None)
+            self.estimator.forget(job.id)
+
+    def expected_run_s(self, job: Job) -> float | None:
+        """The job's age (hopsmgr.core.priority.expected_run_s) with the estimator's rates: the one formula."""
+        from hopsmgr.core.planner import priority_context
+
+        snapshot = views.build_snapshot(self.state, self._now, self.settings.exec_error_backoff_s)
+        value = expected_run_s(job.spec, priority_context(snapshot, self.estimator))
+        return value if math.isfinite(value) else None
+
+    def new_attempt_id(self) -> str:
+        self.attempt_seq += 1
+        return f"a-{self.attempt_seq:06d}"
+
+    def attempt_row(self, a: Attempt, **ended: object) -> AttemptRow:
+        return AttemptRow(
+            a.id,
+            a.job_id,
+            a.placement,
+            a.profiling,
+            a.created,
+            dict(a.devices),
+            a.resume,
+            started=a.started,
+            stopping=a.stopping,
+            **ended,  # type: ignore[arg-type]
+        )
+
+    def fragment_soon(self) -> None:
+        """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs."""
+        if self.settings.fragment_plans and self._fits_idle():
+            self.emit(PlanSoon(self._stimulus, "fragment"))
+
+    def _fits_idle(self) -> bool:
+        idle = views.idle_gpus(self.state, self._now, self.settings.exec_error_backoff_s)
+        if idle <= 0:
+            return False
+        return any(
+            (j.state == JobState.QUEUED and j.spec.requirements.minimum <= idle)
+            or (j.state == JobState.PENDING and self.settings.profiling)
+            for j in self.state.jobs.values()
+        )
+
+    # -- jobs ---------------------------------------------------------------------------------------------
+
+    def _submitted(self, event: JobSubmitted) -> None:
+        spec = event.spec
+        state = self.state
+        if spec.id in state.jobs:
+            self.emit(Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409))
+            return
+        quota = state.tenants.get(spec.tenant)
+        if state.tenants and quota is None:
+            known = ", ".join(sorted(state.tenants))
+            self.emit(
+                Reply(self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422)
+            )
+            return
+        total = state.total_gpus
+        limit = min(total, quota.cap_gpus) if quota is not None and quota.cap_gpus is not None else total
+        if spec.requirements.minimum > limit:
+            where = f"tenant {spec.tenant!r} cap of {limit}" if limit < total else f"cluster's {total}"
+            message = (
+                f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
+            )
+            self.emit(Reply(self._stimulus, None, "gpus", message, 422))
+            return
+        job = Job(spec, JobState.PENDING, self._now, self._now)
+        state.jobs[spec.id] = job
+        self._records.append(
+            JobChange(
+                spec.id,
+                None,
+                JobState.PENDING,
+                self._now,
+                "submitted",
+                event.submitted_by,
+                job.counters(),
+                False,
+            )
+        )
+        for gpu_type, (profile, calibration) in event.profiles.items():
+            self.estimator.add_profile(spec.id, gpu_type, profile, calibration)
+        types = {n.server.gpu_type for n in state.nodes.values()}
+        if not self.settings.profiling or types <= self.estimator.profiled_types(spec.id):
+            self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
+        self.emit(Reply(self._stimulus, spec.id))
+        self.fragment_soon()
+
+    def _cancelled(self, event: JobCancelled) -> None:
+        job = self.state.jobs.get(event.job_id)
+        if job is None:
+            self.emit(Reply(self._stimulus, event.job_id, "id", f"job {event.job_id} is not live", 409))
+            return
+        attempts = [a for a in self.state.attempts.values() if a.job_id == job.id]
+        self.set_state(job, JobState.CANCELLED, "cancelled", f"by {event.by}" if event.by else "")
+        for a in attempts:
+            a.stop_reason = "cancelled"
+            self.emit_stop(a)
+        self.emit(Reply(self._stimulus, job.id))
+
+    def emit_stop(self, attempt: Attempt) -> None:
+        """Stop an attempt without a checkpoint; one never launched just ends (its GPUs are free now)."""
+        if not attempt.launched:
+            self.end_attempt(attempt, reason="cancelled", message="stopped before its launch")
+            return
+        if not attempt.stopping:
+            attempt.stopping = True
+            self._records.append(self.attempt_row(attempt))
+        reason: StopReason = "cancelled" if attempt.stop_reason == "cancelled" else "job_ended"
+        self.emit(StopAttempt(self._stimulus, attempt.id, attempt.job_id, attempt.placement, reason))
+
+    # -- attempts -------------------------------------------------------------------------------------
+
+    def launch_ready(self, attempt: Attempt) -> None:
+        """Send the launch of an attempt whose stops have all ended (or end it if it is moot now)."""
+        job = self.state.jobs.get(attempt.job_id)
+        if job is None:
+            self.end_attempt(attempt, reason="cancelled", message="its job ended before the launch")
+            return
+        if attempt.profiling:
+            if job.state not in (JobState.PENDING, JobState.PROFILING, JobState.QUEUED):
+                self.end_attempt(attempt, reason="not_needed", message=f"job is {job.state.value}")
+                return
+        elif job.attempt != attempt.id:  # the second half of a move
+            if job.moving_to == attempt.id:
+                job.moving_to = None
+            if job.state != JobState.QUEUED or job.attempt is not None:
+                self.end_attempt(attempt, reason="not_needed", message=f"job is {job.state.value}")
+                return
+            job.attempt = attempt.id
+            self.set_state(job, JobState.LAUNCHING, "launching", f"{attempt.id} on {attempt.placement}")
+        attempt.launched = True
+        self.state.assign_devices(attempt)
+        self._records.append(self.attempt_row(attempt))
+        if attempt.profiling:
+            server = attempt.placement.parts[0][0]
+            self.emit(
+                StartProfiling(self._stimulus, attempt.id, job.id, server, attempt.gpu_type, attempt.devices)
+            )
+        else:
+            self.emit(
+                LaunchAttempt(
+                    self._stimulus, attempt.id, job.id, attempt.placement, attempt.devices, attempt.resume
+                )
+            )
+
+    def _started(self, event: AttemptStarted) -> None:
+        attempt = self.state.attempts.get(event.attempt_id)
+        if attempt is None or attempt.started is not None:
+            return
+        attempt.launched = True
+        attempt.started = self._now
+        self._records.append(self.attempt_row(attempt))
+        job = self.state.jobs.get(attempt.job_id)
+        if (
+            job is not None
+            and not attempt.profiling
+            and job.state == JobState.LAUNCHING
+            and job.attempt == attempt.id
+        ):
+            self.set_state(job, JobState.RUNNING, "started", f"{attempt.id} on {attempt.placement}")
+
+    def _launch_failed(self, event: AttemptLaunchFailed) -> None:
+        attempt = self.state.attempts.get(event.attempt_id)
+        if attempt is not None:
+            reason = "launch_error" if event.job_fault else "launch_failed"
+            self.end_attempt(attempt, reason=reason, message=event.message)
+
+    def _progressed(self, event: AttemptProgressed) -> None:
+        attempt = self.state.attempts.get(event.attempt_id)
+        job = self.state.jobs.get(attempt.job_id) if attempt is not None else None
+        if attempt is None or job is None or attempt.profiling:
+            return
+        if attempt.started is None:
+            self._started(AttemptStarted(self._stimulus, attempt.id))
+        job.done_samples = min(job.spec.total_samples, max(job.done_samples, event.done_samples))
+        if event.samples_per_s > 0 and self._now - attempt.last_observed >= self.settings.observe_every_s:
+            attempt.last_observed = self._now
+            servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}
+            self.estimator.observe(job.id, attempt.placement, servers, event.samples_per_s, job=job.spec)
+            if event.td_s > 0:
+                gpu_type = self.state.nodes[attempt.primary].server.gpu_type
+                self.estimator.observe_data_time(job.id, gpu_type, event.td_s, event.tw_s)
+
+    def _ended(self, event: AttemptEnded) -> None:
+        attempt = self.state.attempts.get(event.attempt_id)
+        if attempt is None:
+            return
+        job = self.state.jobs.get(attempt.job_id)
+        if job is not None and event.done_samples is not None and not attempt.profiling:
+            job.done_samples = min(job.spec.total_samples, max(job.done_samples, event.done_samples))
+        reason = event.reason
+        if reason == "exited" and job is None:
+            reason = "cancelled"
+        acting.end_attempt(
+            self, attempt, reason, event.code, event.checkpointed, event.profile, event.log_tail or ""
+        )
+
+    def end_attempt(
+        self, attempt: Attempt, *, reason: str, code: int | None = None, message: str = ""
+    ) -> None:
+        acting.end_attempt(self, attempt, reason, code, False, None, message)
+
+    # -- nodes --------------------------------------------------------------------------------------------
+
+    def _beat(self, event: NodeBeat) -> None:
+        node = self.state.nodes.get(event.node_id)
+        if node is None:
+            self.emit(
+                Reply(self._stimulus, None, "node", f"node {event.node_id!r} is not in this cluster", 404)
+            )
+            return
+        woke = node.health != NodeHealth.HEALTHY and event.healthy
+        node.health = NodeHealth.HEALTHY if event.healthy else NodeHealth.SUSPECT
+        node.last_beat = self._now
+        if event.server is not None:
+            node.server = event.server
+        if event.usable_gpus is not None:
+            node.usable_gpus = min(node.server.gpus, event.usable_gpus)
+        if woke:
+            self.fragment_soon()
+
+    def _command_failed(self, event: NodeCommandFailed) -> None:
+        node = self.state.nodes.get(event.node_id)
+        if node is not None:
+            node.exec_error_at = self._now
+
+    def _drained(self, event: NodeDrained) -> None:
+        node = self.state.nodes.get(event.node_id)
+        if node is None:
+            self.emit(Reply(self._stimulus, None, "node", f"no node {event.node_id!r}", 404))
+            return
+        node.drained = event.drained
+        self.emit(Reply(self._stimulus))
+        if not event.drained:
+            self.fragment_soon()
+
+    def _health(self, event: HealthTick) -> None:
+        """HEALTHY -> SUSPECT -> LOST by heartbeat age; a LOST node's attempts end and their jobs requeue."""
+        s = self.settings
+        grace_over = self._now - self.started > s.lost_after_s
+        for node in self.state.nodes.values():
+            since = self._now - (node.last_beat if node.last_beat is not None else self.started)
+            if since > s.lost_after_s and grace_over:
+                node.health = NodeHealth.LOST
+                for attempt in self.state.attempts_on(node.server.id):
+                    self.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
+            elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
+                node.health = NodeHealth.SUSPECT
+
+    # -- plans --------------------------------------------------------------------------------------------
+
+    def _round(self, event: RoundTick) -> None:
+        if self.inflight is not None:
+            self.first_due = self.first_due or event.kind == "first"
+            return
+        self._request(event.kind)
+
+    def _request(self, kind: str) -> None:
+        s = self.settings
+        state = self.state
+        snapshot = views.build_snapshot(state, self._now, s.exec_error_backoff_s)
+        to_profile = []
+        starving = set()
+        if s.profiling:
+            for job in state.jobs.values():
+                if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
+                    types = {n.server.gpu_type for n in state.nodes.values()}
+                    if job.state == JobState.QUEUED and types <= self.estimator.profiled_types(job.id):
+                        continue
+                    to_profile.append(job.spec)
+                    waited = self._now - job.spec.submit_time >= s.scheduler.round_seconds
+                    if waited and (
+                        job.state == JobState.PENDING or not self.estimator.profiled_types(job.id)
+                    ):
+                        starving.add(job.id)
+        if kind == "first":
+            waiting = any(j.state in (JobState.PENDING, JobState.QUEUED) for j in state.jobs.values())
+            if not (snapshot.jobs or to_profile) or not (self.changed or waiting):
+                return  # level-triggered: nothing waits and nothing changed, the plan would be the same
+            self.changed = False
+        self.request_seq += 1
+        self.inflight = self.request_seq
+        self.emit(
+            PlanRequest(
+                self._stimulus,
+                self.request_seq,
+                "first" if kind == "first" else "fragment",
+                snapshot,
+                tuple(to_profile),
+                frozenset(starving),
+                views.profiling_budget(state, s.profiling_share),
+            )
+        )
+
+    def _plan_ready(self, event: PlanReady) -> None:
+        if event.request_id != self.inflight:
+            return  # an abandoned request
+        self.inflight = None
+        if acting.apply_plan(self, event.plan, event.runs):
+            self.changed = True
+        if self.first_due:
+            self.first_due = False
+            self._request("first")
+        elif event.plan.kind == "first":
+            self.fragment_soon()

@@ -1,0 +1,75 @@
+"""Answering a PlanRequest: the profiling runs the budget allows, then the policy's plan (pure).
+
+`compute_plan` is what a driver runs for the machine's PlanRequest: in the simulator inline, in the
+master off the event loop. It reads the estimator and the policy (which may keep state between calls,
+as Gavel's does) and nothing else; time arrives as the snapshot's `now`, `timer` only measures.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+
+from hopsmgr.control.commands import PlanRequest
+from hopsmgr.control.events import PlanReady
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.planner import Plan, ProfilingRun, profiling_runs
+from hopsmgr.policies.base import Policy
+
+Timer = Callable[[], float]
+
+
+def within_budget(runs: list[ProfilingRun], budget: int, at_least_one: bool = False) -> list[ProfilingRun]:
+    """The runs of whole jobs, in order, while they fit `budget` GPUs (one GPU a run); with
+    `at_least_one`, the first job's runs even when they do not fit."""
+    per_job = Counter(r.job_id for r in runs)
+    kept: list[ProfilingRun] = []
+    started: set[str] = set()
+    for r in runs:
+        if r.job_id not in started:
+            if len(kept) + per_job[r.job_id] > budget and not (at_least_one and not kept):
+                break
+            started.add(r.job_id)
+        kept.append(r)
+    return kept
+
+
+def choose_profiling(request: PlanRequest, estimator: Estimator) -> list[ProfilingRun]:
+    """Profiling runs on idle GPUs within the budget; in a first plan, a job that found no idle GPU for
+    a whole round (`starving`) gets its runs even on GPUs the plan then takes back."""
+    snapshot = request.snapshot
+    held: dict[str, int] = {}  # GPUs of running jobs: profiling takes idle GPUs only
+    for view in snapshot.jobs:
+        for sid, g in view.current.parts if view.current else ():
+            held[sid] = held.get(sid, 0) + g
+    runs = within_budget(
+        profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
+    )
+    if request.kind == "first" and request.starving:
+        have = {r.job_id for r in runs}
+        starving = [j for j in request.to_profile if j.id in request.starving and j.id not in have]
+        taken: dict[str, int] = {}
+        for r in runs:
+            taken[r.server_id] = taken.get(r.server_id, 0) + 1
+        if starving:  # at least one job a round, whatever the budget: new work always gets profiled
+            extra = profiling_runs(starving, snapshot, estimator, taken)
+            runs += within_budget(extra, request.profiling_budget - len(runs), at_least_one=True)
+    return runs
+
+
+def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, timer: Timer) -> PlanReady:
+    """The PlanReady event that answers `request`."""
+    t0 = timer()
+    snapshot = request.snapshot
+    runs = choose_profiling(request, estimator) if request.to_profile else []
+    profiled = {r.job_id for r in runs}
+    capacity = dict(snapshot.capacity)
+    for r in runs:
+        capacity[r.server_id] = capacity.get(r.server_id, 0) - 1
+    views = tuple(v for v in snapshot.jobs if v.id not in profiled or v.current is not None)
+    if views:
+        plan = policy.plan(replace(snapshot, capacity=capacity, jobs=views), estimator, request.kind, timer)
+    else:
+        plan = Plan(request.kind, snapshot.now, {})
+    return PlanReady(request.stimulus_id, request.request_id, plan, tuple(runs), timer() - t0)

@@ -1,0 +1,156 @@
+"""The scheduler state machine's records: live jobs, open attempts, nodes (mutable, owned by the machine).
+
+Only `hopsmgr.control.machine` changes them; drivers read them for views and write what `Persist`
+commands carry. `ControlState` also answers the questions every decision asks: which GPUs are held,
+which are usable, which device indices are free.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import Config, JobId, JobSpec, Server, ServerId, TenantQuota
+
+
+class NodeHealth:
+    HEALTHY = "HEALTHY"
+    SUSPECT = "SUSPECT"
+    LOST = "LOST"
+    UNKNOWN = "UNKNOWN"  # configured, no heartbeat yet since the machine started
+
+
+@dataclass(slots=True)
+class Job:
+    spec: JobSpec
+    state: JobState
+    submitted: float
+    state_since: float
+    done_samples: float = 0.0
+    attained_gpu_s: float = 0.0
+    running_s: float = 0.0
+    restarts: int = 0
+    preemptions: int = 0
+    migrations: int = 0
+    node_losses: int = 0
+    failures: int = 0
+    reason: str | None = None
+    has_checkpoint: bool = False
+    ended: float | None = None
+    first_start: float | None = None
+    attempt: str | None = None  # the open run attempt
+    moving_to: str | None = None  # a move: the attempt that launches once this job's checkpoint is written
+    profiling: set[str] = field(default_factory=set)  # open profiling attempts
+
+    @property
+    def id(self) -> JobId:
+        return self.spec.id
+
+    def counters(self) -> dict[str, float]:
+        return {
+            "done_samples": self.done_samples,
+            "attained_gpu_s": self.attained_gpu_s,
+            "running_s": self.running_s,
+            "restarts": self.restarts,
+            "preemptions": self.preemptions,
+            "migrations": self.migrations,
+            "node_losses": self.node_losses,
+            "failures": self.failures,
+        }
+
+
+@dataclass(slots=True)
+class Attempt:
+    id: str
+    job_id: JobId
+    placement: Config
+    profiling: bool
+    created: float
+    devices: dict[ServerId, tuple[int, ...]]
+    resume: bool = False
+    gpu_type: str = ""  # profiling runs: the GPU type profiled
+    waits_for: set[str] = field(default_factory=set)  # attempts that must end before this one launches
+    launched: bool = False  # its launch command was sent
+    started: float | None = None  # the node confirmed it runs
+    stopping: bool = False
+    stop_reason: str = ""
+    last_observed: float = -math.inf
+
+    @property
+    def primary(self) -> ServerId:
+        return self.placement.parts[0][0]
+
+
+@dataclass(slots=True)
+class Node:
+    server: Server  # as the planner sees it (calibration applied)
+    usable_gpus: int
+    health: str = NodeHealth.UNKNOWN
+    drained: bool = False
+    last_beat: float | None = None
+    exec_error_at: float = -math.inf
+
+
+@dataclass(slots=True)
+class ControlState:
+    nodes: dict[ServerId, Node]
+    tenants: dict[str, TenantQuota]
+    jobs: dict[JobId, Job] = field(default_factory=dict)  # live jobs only
+    attempts: dict[str, Attempt] = field(default_factory=dict)  # open attempts only
+    devices_used: dict[ServerId, set[int]] = field(default_factory=dict)
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(n.server.gpus for n in self.nodes.values())
+
+    def add_attempt(self, attempt: Attempt) -> None:
+        self.attempts[attempt.id] = attempt
+
+    def assign_devices(self, attempt: Attempt) -> None:
+        """Give a launching attempt the lowest free GPU indices of each of its servers (at launch, once
+        the attempts it waited for have ended and given theirs back)."""
+        attempt.devices = self.free_devices(attempt.placement)
+        for sid, devices in attempt.devices.items():
+            self.devices_used.setdefault(sid, set()).update(devices)
+
+    def remove_attempt(self, attempt_id: str) -> Attempt | None:
+        attempt = self.attempts.pop(attempt_id, None)
+        if attempt is not None:
+            for sid, devices in attempt.devices.items():
+                self.devices_used.get(sid, set()).difference_update(devices)
+        return attempt
+
+    def free_devices(self, config: Config) -> dict[ServerId, tuple[int, ...]]:
+        """The lowest free GPU indices on each server of `config`."""
+        out: dict[ServerId, tuple[int, ...]] = {}
+        for sid, g in config.parts:
+            used = self.devices_used.get(sid, set())
+            out[sid] = tuple(d for d in range(self.nodes[sid].server.gpus) if d not in used)[:g]
+        return out
+
+    def held(self) -> dict[ServerId, int]:
+        """GPUs claimed per node by open attempts: launched ones (running, profiling, stopping) and
+        those waiting to launch. A waiting attempt takes over GPUs its stops free, so a node's claim
+        is the larger of what launched attempts hold now and what will be held once stops end."""
+        now: dict[ServerId, int] = {}
+        after: dict[ServerId, int] = {}
+        for a in self.attempts.values():
+            for sid, g in a.placement.parts:
+                if a.launched:
+                    now[sid] = now.get(sid, 0) + g
+                if not (a.launched and a.stopping):
+                    after[sid] = after.get(sid, 0) + g
+        return {sid: max(now.get(sid, 0), after.get(sid, 0)) for sid in now.keys() | after.keys()}
+
+    def occupied(self) -> dict[ServerId, int]:
+        """GPUs in use per node right now: launched attempts only."""
+        used: dict[ServerId, int] = {}
+        for a in self.attempts.values():
+            if a.launched:
+                for sid, g in a.placement.parts:
+                    used[sid] = used.get(sid, 0) + g
+        return used
+
+    def attempts_on(self, node_id: ServerId) -> list[Attempt]:
+        return [a for a in self.attempts.values() if node_id in a.placement.servers]

@@ -1,0 +1,114 @@
+"""The planner's view of the machine's state, and the measures decisions need (pure functions).
+
+`build_snapshot` turns live jobs, open attempts and nodes into the `ClusterSnapshot` a policy plans
+over: healthy, undrained nodes give all their usable GPUs; suspect, lost, drained nodes, and nodes a
+command recently could not reach, give only what running jobs already hold (no new placements). GPUs
+of profiling, stopping and waiting attempts are taken out of the capacity; jobs being profiled or
+checkpointed are not planned this time.
+"""
+
+from __future__ import annotations
+
+from hopsmgr.control.records import ControlState, Job, NodeHealth
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, ServerId
+
+PLACED = (JobState.RUNNING, JobState.LAUNCHING)
+
+
+def fixed_gpus(state: ControlState) -> dict[ServerId, int]:
+    """GPUs the planner cannot use: all claimed GPUs (ControlState.held) but those of current placements
+    (profiling, stopping and waiting attempts, such as a move's new half)."""
+    held = state.held()
+    for config in current_placements(state).values():
+        for sid, g in config.parts:
+            held[sid] = held.get(sid, 0) - g
+    return held
+
+
+def usable_capacity(state: ControlState, now: float, backoff_s: float) -> dict[ServerId, int]:
+    held = state.held()
+    fixed = fixed_gpus(state)
+    capacity: dict[ServerId, int] = {}
+    for node in state.nodes.values():
+        recent_error = now - node.exec_error_at < backoff_s
+        if node.health == NodeHealth.HEALTHY and not node.drained and not recent_error:
+            usable = node.usable_gpus
+        else:
+            usable = held.get(node.server.id, 0)
+        capacity[node.server.id] = max(0, usable - fixed.get(node.server.id, 0))
+    return capacity
+
+
+def current_placements(state: ControlState) -> dict[JobId, Config]:
+    """Jobs placed now (launching or running, not being stopped) and their configurations."""
+    current: dict[JobId, Config] = {}
+    for job in state.jobs.values():
+        if job.attempt is not None and job.state in PLACED:
+            attempt = state.attempts[job.attempt]
+            if not attempt.stopping:
+                current[job.id] = attempt.placement
+    return current
+
+
+def waited_s(job: Job, state: ControlState, now: float) -> float:
+    """Time the job has spent not running: since submission, less its attempts' run time (the current
+    attempt's included), so a running job's wait does not grow."""
+    running = job.running_s
+    if job.attempt is not None:
+        attempt = state.attempts.get(job.attempt)
+        if attempt is not None and attempt.started is not None:
+            running += max(0.0, now - attempt.started)
+    return max(0.0, now - job.submitted - running)
+
+
+def job_view(job: Job, state: ControlState, now: float) -> JobView:
+    current: Config | None = None
+    attempt_s = 0.0
+    if job.attempt is not None:
+        attempt = state.attempts[job.attempt]
+        current = attempt.placement
+        attempt_s = max(0.0, now - (attempt.started if attempt.started is not None else attempt.created))
+    return JobView(
+        spec=job.spec,
+        done_samples=job.done_samples,
+        waited_s=waited_s(job, state, now),
+        attained_gpu_s=job.attained_gpu_s,
+        running_s=job.running_s,
+        current=current,
+        attempt_s=attempt_s,
+        restarts=job.restarts,
+    )
+
+
+def build_snapshot(state: ControlState, now: float, backoff_s: float) -> ClusterSnapshot:
+    views: list[JobView] = []
+    for job in state.jobs.values():
+        if job.profiling or job.state not in (JobState.QUEUED, *PLACED):
+            continue
+        if job.attempt is not None and state.attempts[job.attempt].stopping:
+            continue
+        views.append(job_view(job, state, now))
+    servers = tuple(n.server for n in state.nodes.values())
+    return ClusterSnapshot(
+        servers, usable_capacity(state, now, backoff_s), tuple(views), now, dict(state.tenants)
+    )
+
+
+def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:
+    """Usable GPUs no attempt holds."""
+    held = state.held()
+    idle = 0
+    for node in state.nodes.values():
+        recent_error = now - node.exec_error_at < backoff_s
+        if node.health == NodeHealth.HEALTHY and not node.drained and not recent_error:
+            idle += max(0, node.usable_gpus - held.get(node.server.id, 0))
+    return idle
+
+
+def profiling_budget(state: ControlState, share: float) -> int:
+    """[ours] GPUs profiling runs may take now: `share` of the cluster (and at least one job's runs,
+    one per GPU type), so a burst of new jobs cannot keep queued work off the GPUs."""
+    running = sum(a.placement.gpus for a in state.attempts.values() if a.profiling)
+    types = len({n.server.gpu_type for n in state.nodes.values()})
+    return max(0, max(types, int(state.total_gpus * share)) - running)

@@ -1,0 +1,241 @@
+"""The scheduler state machine driven event by event: commands out for events in, no I/O, no clock."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from hopsmgr.control.commands import (
+    AttemptRow,
+    CheckpointAndStop,
+    JobChange,
+    LaunchAttempt,
+    Persist,
+    PlanRequest,
+    PlanSoon,
+    Reply,
+    StartProfiling,
+    StopAttempt,
+)
+from hopsmgr.control.events import (
+    AttemptEnded,
+    AttemptLaunchFailed,
+    AttemptProgressed,
+    AttemptStarted,
+    HealthTick,
+    JobCancelled,
+    JobSubmitted,
+    NodeBeat,
+    NodeDrained,
+    RoundTick,
+)
+from hopsmgr.control.machine import ControlSettings
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import TenantQuota
+from tests.control.harness import PROFILE, SERVERS, Harness, spec
+
+
+def profiled(
+    h: Harness, job_id: str, gpus: tuple[int, ...] = (1,), samples: float = 1e6
+) -> list[LaunchAttempt]:
+    """Submit a job, run its profiling runs to their end; the launches that followed."""
+    out = h.feed(JobSubmitted(h.stimulus(), spec(job_id, gpus, samples, at=h.now)))
+    out += h.feed(RoundTick(h.stimulus(), "first"))
+    for run in h.of(StartProfiling, out):
+        out += h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
+        out += h.feed(AttemptEnded(h.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+    out += h.feed(RoundTick(h.stimulus(), "fragment"))
+    return h.of(LaunchAttempt, out)
+
+
+def test_submission_is_persisted_before_the_reply_and_asks_for_a_plan(harness: Harness) -> None:
+    out = harness.feed(JobSubmitted("sub-1", spec("j1")))
+    assert isinstance(out[0], Persist)
+    (change,) = out[0].records
+    assert isinstance(change, JobChange) and change.new == JobState.PENDING and change.old is None
+    assert [type(c) for c in out[1:]] == [Reply, PlanSoon]
+    assert all(c.stimulus_id == "sub-1" for c in out)
+    assert harness.machine.state.jobs["j1"].state == JobState.PENDING
+
+
+def test_submission_limits_are_decided_by_the_machine() -> None:
+    h = Harness(tenants=(TenantQuota("a", cap_gpus=2), TenantQuota("b")))
+    (reply,) = h.feed(JobSubmitted(h.stimulus(), spec("j1", (4,), tenant="a")))
+    assert isinstance(reply, Reply) and reply.error_field == "gpus" and "cap of 2" in (reply.error or "")
+    (reply,) = h.feed(JobSubmitted(h.stimulus(), spec("j2", tenant="nobody")))
+    assert isinstance(reply, Reply) and reply.error_field == "tenant" and reply.status == 422
+    (reply,) = h.feed(JobSubmitted(h.stimulus(), spec("j3", (11,), tenant="b")))
+    assert reply.error_field == "gpus" and "cluster's 10" in (reply.error or "")
+    assert h.machine.state.jobs == {}
+    h.close()
+
+
+def test_profiling_runs_take_one_gpu_per_type_then_the_job_queues_and_launches(harness: Harness) -> None:
+    launches = profiled(harness, "j1", (2,))
+    runs = harness.of(StartProfiling)
+    assert sorted(r.gpu_type for r in runs) == ["p100", "v100"]
+    assert all(sum(len(d) for d in r.devices.values()) == 1 for r in runs)
+    (launch,) = launches
+    assert launch.placement.gpus == 2 and not launch.resume
+    assert sum(len(d) for d in launch.devices.values()) == 2
+    job = harness.machine.state.jobs["j1"]
+    assert job.state == JobState.LAUNCHING
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    assert job.state == JobState.RUNNING and job.first_start == 0.0
+
+
+def test_profiling_budget_is_a_quarter_of_the_cluster() -> None:
+    h = Harness()
+    for k in range(6):
+        h.feed(JobSubmitted(h.stimulus(), spec(f"j{k}")))
+    h.feed(RoundTick(h.stimulus(), "first"))
+    running = [a for a in h.machine.state.attempts.values() if a.profiling]
+    # 10 GPUs: a quarter is 2, at least one job's runs (two types): one job profiles at a time
+    assert len(running) == 2 and len({a.job_id for a in running}) == 1
+    h.close()
+
+
+def test_completion_frees_the_gpus_and_records_the_run(harness: Harness) -> None:
+    (launch,) = profiled(harness, "j1", (4,))
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    harness.now = 500.0
+    out = harness.feed(AttemptEnded(harness.stimulus(), launch.attempt_id, "exited", 0))
+    changes = [r for r in harness.records(out) if isinstance(r, JobChange)]
+    assert [c.new for c in changes] == [JobState.COMPLETED]
+    assert changes[0].counters["running_s"] == 500.0 and changes[0].counters["attained_gpu_s"] == 2000.0
+    ended = [r for r in harness.records(out) if isinstance(r, AttemptRow) and r.ended is not None]
+    assert [r.id for r in ended] == [launch.attempt_id] and ended[0].end_reason == "exited"
+    assert "j1" not in harness.machine.state.jobs and not harness.machine.state.attempts
+    assert harness.machine.ended_lr and harness.machine.ended_lr[-1][0] == 500.0
+
+
+def test_a_preemption_holds_the_gpus_until_the_checkpoint_is_written() -> None:
+    # One 4-GPU server fully used: a new job that found no idle GPU for a whole round takes one for its
+    # profiling run from running work, which must checkpoint first.
+    h = Harness(servers=SERVERS[:1])
+    (first,) = profiled(h, "small", (4,), samples=1e9)
+    h.feed(AttemptStarted(h.stimulus(), first.attempt_id))
+    h.now = 4 * 3600.0
+    h.feed(JobSubmitted(h.stimulus(), spec("big", (4,), 1e5, at=h.now)))
+    assert h.of(StartProfiling, h.feed(RoundTick(h.stimulus(), "first"))) == []  # no idle GPU yet
+    h.now += 2 * 120.0
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert [s.job_id for s in h.of(CheckpointAndStop, out)] == ["small"]
+    assert h.of(StartProfiling, out) == [] and h.of(LaunchAttempt, out) == [], "nothing may start yet"
+    assert h.machine.state.jobs["small"].state == JobState.CHECKPOINTING
+    (waiting,) = [a for a in h.machine.state.attempts.values() if a.job_id == "big"]
+    assert not waiting.launched and waiting.devices == {} and waiting.waits_for == {first.attempt_id}
+    h.now += 10.0
+    out = h.feed(AttemptEnded(h.stimulus(), first.attempt_id, "exited", 75, checkpointed=True))
+    (run,) = h.of(StartProfiling, out)
+    assert run.job_id == "big" and run.devices == {"v100-1": (0,)}
+    small = h.machine.state.jobs["small"]
+    assert small.state == JobState.QUEUED and small.has_checkpoint and small.preemptions == 1
+    assert small.running_s == pytest.approx(4 * 3600.0 + 250.0)
+    h.close()
+
+
+def test_cancel_stops_every_attempt_and_ends_the_job(harness: Harness) -> None:
+    (launch,) = profiled(harness, "j1", (2,))
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    out = harness.feed(JobCancelled("cancel-1", "j1", by="alice"))
+    (stop,) = harness.of(StopAttempt, out)
+    assert (
+        stop.attempt_id == launch.attempt_id and stop.reason == "cancelled" and stop.stimulus_id == "cancel-1"
+    )
+    assert "j1" not in harness.machine.state.jobs
+    assert launch.attempt_id in harness.machine.state.attempts  # GPUs held until it has stopped
+    harness.feed(AttemptEnded(harness.stimulus(), launch.attempt_id, "exited", -15))
+    assert not harness.machine.state.attempts
+    (reply,) = harness.of(Reply, harness.feed(JobCancelled(harness.stimulus(), "j1")))
+    assert reply.status == 409
+
+
+def test_a_lost_node_requeues_its_jobs_and_takes_no_new_work() -> None:
+    h = Harness(settings=ControlSettings(suspect_after_s=15, lost_after_s=60))
+    (launch,) = profiled(h, "j1", (4,))
+    h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    node = launch.placement.servers[0]
+    h.now = 165.0
+    for s in SERVERS:
+        if s.id != node:
+            h.feed(NodeBeat(h.stimulus(), s.id, True))
+    h.now = 170.0
+    h.feed(HealthTick(h.stimulus()))
+    job = h.machine.state.jobs["j1"]
+    assert job.state == JobState.QUEUED and job.node_losses == 1 and job.restarts == 1
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    (again,) = h.of(LaunchAttempt, out)
+    assert node not in again.placement.servers
+    h.close()
+
+
+def test_a_failed_launch_requeues_on_the_nodes_fault_and_fails_on_the_jobs(harness: Harness) -> None:
+    (launch,) = profiled(harness, "j1")
+    harness.feed(
+        AttemptLaunchFailed(harness.stimulus(), launch.attempt_id, job_fault=False, message="unreachable")
+    )
+    assert harness.machine.state.jobs["j1"].state == JobState.QUEUED
+    (again,) = harness.of(LaunchAttempt, harness.feed(RoundTick(harness.stimulus(), "first")))
+    out = harness.feed(
+        AttemptLaunchFailed(harness.stimulus(), again.attempt_id, job_fault=True, message="no such file")
+    )
+    (change,) = [r for r in harness.records(out) if isinstance(r, JobChange)]
+    assert change.new == JobState.FAILED and "could not start" in change.message
+
+
+def test_progress_feeds_the_estimator_and_the_job(harness: Harness) -> None:
+    (launch,) = profiled(harness, "j1", samples=1e6)
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    harness.now = 100.0
+    harness.feed(AttemptProgressed(harness.stimulus(), launch.attempt_id, 5000.0, 50.0))
+    assert harness.machine.state.jobs["j1"].done_samples == 5000.0
+    servers = {s.id: s for s in SERVERS}
+    rate = harness.machine.estimator.config_rate(spec("j1"), launch.placement, servers)
+    assert rate is not None and 30.0 < rate <= 60.0  # pulled towards the measured 50 samples/s
+
+
+def test_a_drained_node_gets_no_new_work(harness: Harness) -> None:
+    for s in SERVERS[:2]:
+        harness.feed(NodeDrained(harness.stimulus(), s.id))
+    (launch,) = profiled(harness, "j1", (1, 2))
+    assert launch.placement.servers == ("p100-1",)
+
+
+def test_quiet_rounds_request_no_plan(harness: Harness) -> None:
+    (launch,) = profiled(harness, "j1")
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    harness.feed(RoundTick(harness.stimulus(), "first"))
+    out = harness.feed(RoundTick(harness.stimulus(), "first"))
+    assert harness.of(PlanRequest, out) == []
+
+
+def test_a_plan_answered_late_is_ignored_when_another_was_asked_for(harness: Harness) -> None:
+    harness.auto_plan = False
+    harness.feed(JobSubmitted(harness.stimulus(), spec("j1")))
+    (first,) = harness.of(PlanRequest, harness.feed(RoundTick(harness.stimulus(), "first")))
+    assert harness.of(PlanRequest, harness.feed(RoundTick(harness.stimulus(), "first"))) == []
+    assert harness.machine.first_due
+    assert first.snapshot.now == harness.now
+
+
+def test_commands_and_records_are_plain_data() -> None:
+    h = Harness()
+    profiled(h, "j1", (2,))
+    for command in h.commands:
+        if isinstance(command, PlanRequest):
+            continue
+        json.dumps(asdict(command), default=str)  # no live objects inside
+    h.close()
+
+
+@pytest.mark.parametrize("gpus", [(1,), (2,), (1, 2, 4)])
+def test_every_launch_gets_distinct_devices(gpus: tuple[int, ...]) -> None:
+    h = Harness()
+    for k in range(5):
+        profiled(h, f"j{k}", gpus)
+        for launch in h.of(LaunchAttempt):
+            h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    h.close()

@@ -85,7 +85,7 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
 
 
 def _stop(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
-    attempt.stopping, attempt.stop_reason = True, reason
+    attempt.stopping, attempt.stop_reason, attempt.stop_sent = True, reason, True
     m.record(m.attempt_row(attempt))
     m.set_state(
         job, JobState.CHECKPOINTING, reason, f"checkpoint-and-stop of {attempt.id} on {attempt.placement}"

@@ -68,7 +68,17 @@ class AttemptRow:
     log_tail: str | None = None
 
 
-Record = JobChange | JobNote | AttemptRow
+@dataclass(frozen=True, slots=True)
+class ThroughputSample:
+    """A throughput the estimator took in, for the job's history."""
+
+    job_id: JobId
+    at: float
+    placement: Config
+    samples_per_s: float
+
+
+Record = JobChange | JobNote | AttemptRow | ThroughputSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +156,14 @@ class Reply(Command):
     error_field: str | None = None
     error: str | None = None
     status: int = 200
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReply(Command):
+    """The answer to a NodeReported: the attempts its agent must stop (unknown here, or of ended jobs)."""
+
+    node_id: ServerId
+    stop: tuple[str, ...] = ()
 
 
 NodeCommand = LaunchAttempt | StartProfiling | CheckpointAndStop | StopAttempt

@@ -16,7 +16,7 @@ from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.model import Calibration, GpuType, JobId, JobSpec, Server, ServerId
 from hopsmgr.core.planner import Plan, PlanKind, ProfilingRun
 
-AttemptEndReason = Literal["exited", "vanished", "node_lost", "cancelled"]
+AttemptEndReason = Literal["exited", "vanished", "node_lost", "cancelled", "stop_failed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +82,7 @@ class AttemptEnded(Event):
     profile: TimeProfile | None = None
     done_samples: float | None = None
     log_tail: str = ""
+    node_id: ServerId | None = None  # reported by this node's agent: counts only from its primary node
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,40 @@ class NodeBeat(Event):
     node_id: ServerId
     healthy: bool = True
     server: Server | None = None
+    usable_gpus: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    """One attempt a heartbeat lists as running, with its progress when the agent sent some."""
+
+    attempt_id: str
+    iteration: float | None = None  # iterations done at the job's smallest GPU count
+    samples_per_s: float = 0.0
+    td_s: float = 0.0
+    tw_s: float = 0.0
+    measuring: bool = False  # the rate was measured in running (not profiling) mode
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReported(Event):
+    """What a node's agent reports running (after its finished attempts were handed over as
+    AttemptEnded). `finished` lists the attempts it reported ended; `first` marks its first heartbeat
+    since the machine started. The machine answers with a NodeReply naming what the agent must stop."""
+
+    node_id: ServerId
+    running: tuple[RunReport, ...] = ()
+    finished: tuple[str, ...] = ()
+    first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChanged(Event):
+    """A node's planning view changed without a heartbeat of its own (another node's calibration moved
+    the median of its type), or the GPUs it can use changed."""
+
+    node_id: ServerId
+    server: Server
     usable_gpus: int | None = None
 
 
@@ -107,6 +142,17 @@ class NodeCommandFailed(Event):
 class NodeDrained(Event):
     node_id: ServerId
     drained: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class StateRestored(Event):
+    """The live jobs and open attempts of a store, handed over once when a driver starts (a master
+    restart): the machine takes them as they are, then repairs what cannot be resumed."""
+
+    jobs: tuple[object, ...] = ()  # hopsmgr.control.records.Job
+    attempts: tuple[object, ...] = ()  # hopsmgr.control.records.Attempt
+    attempt_seq: int = 0
+    drained: frozenset[ServerId] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

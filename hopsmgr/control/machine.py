@@ -20,10 +20,12 @@ from hopsmgr.control import acting
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
+    CheckpointAndStop,
     Command,
     JobChange,
     JobNote,
     LaunchAttempt,
+    NodeReply,
     Persist,
     PlanRequest,
     PlanSoon,
@@ -32,6 +34,7 @@ from hopsmgr.control.commands import (
     StartProfiling,
     StopAttempt,
     StopReason,
+    ThroughputSample,
 )
 from hopsmgr.control.events import (
     AttemptEnded,
@@ -43,10 +46,13 @@ from hopsmgr.control.events import (
     JobCancelled,
     JobSubmitted,
     NodeBeat,
+    NodeChanged,
     NodeCommandFailed,
     NodeDrained,
+    NodeReported,
     PlanReady,
     RoundTick,
+    StateRestored,
 )
 from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
 from hopsmgr.core.estimator import Estimator
@@ -66,6 +72,7 @@ class ControlSettings:
     suspect_after_s: float = 15.0
     lost_after_s: float = 60.0
     exec_error_backoff_s: float = 60.0
+    heartbeat_interval_s: float = 5.0
 
 
 class SchedulerMachine:
@@ -101,6 +108,9 @@ class SchedulerMachine:
             AttemptProgressed: self._progressed,  # type: ignore[dict-item]
             AttemptEnded: self._ended,  # type: ignore[dict-item]
             NodeBeat: self._beat,  # type: ignore[dict-item]
+            NodeReported: self._reported,  # type: ignore[dict-item]
+            NodeChanged: self._node_changed,  # type: ignore[dict-item]
+            StateRestored: self._restored,  # type: ignore[dict-item]
             NodeCommandFailed: self._command_failed,  # type: ignore[dict-item]
             NodeDrained: self._drained,  # type: ignore[dict-item]
             HealthTick: self._health,  # type: ignore[dict-item]
@@ -114,7 +124,7 @@ class SchedulerMachine:
         """Apply `event` at time `now`; the commands it causes, a Persist of its records first."""
         self._records, self._out = [], []
         self._stimulus, self._now = event.stimulus_id, now
-        if not isinstance(event, (AttemptProgressed, HealthTick, RoundTick, PlanReady)):
+        if not isinstance(event, (AttemptProgressed, HealthTick, RoundTick, PlanReady, NodeReported)):
             self.changed = True
         self._handlers[type(event)](event)
         out = self._out
@@ -274,6 +284,7 @@ class SchedulerMachine:
         if not attempt.stopping:
             attempt.stopping = True
             self._records.append(self.attempt_row(attempt))
+        attempt.stop_sent = True
         reason: StopReason = "cancelled" if attempt.stop_reason == "cancelled" else "job_ended"
         self.emit(StopAttempt(self._stimulus, attempt.id, attempt.job_id, attempt.placement, reason))
 
@@ -346,13 +357,14 @@ class SchedulerMachine:
             attempt.last_observed = self._now
             servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}
             self.estimator.observe(job.id, attempt.placement, servers, event.samples_per_s, job=job.spec)
+            self._records.append(ThroughputSample(job.id, self._now, attempt.placement, event.samples_per_s))
             if event.td_s > 0:
                 gpu_type = self.state.nodes[attempt.primary].server.gpu_type
                 self.estimator.observe_data_time(job.id, gpu_type, event.td_s, event.tw_s)
 
     def _ended(self, event: AttemptEnded) -> None:
         attempt = self.state.attempts.get(event.attempt_id)
-        if attempt is None:
+        if attempt is None or (event.node_id is not None and event.node_id != attempt.primary):
             return
         job = self.state.jobs.get(attempt.job_id)
         if job is not None and event.done_samples is not None and not attempt.profiling:
@@ -415,6 +427,111 @@ class SchedulerMachine:
                     self.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
             elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
                 node.health = NodeHealth.SUSPECT
+
+    def _node_changed(self, event: NodeChanged) -> None:
+        node = self.state.nodes.get(event.node_id)
+        if node is not None:
+            node.server = event.server
+            if event.usable_gpus is not None:
+                node.usable_gpus = min(node.server.gpus, event.usable_gpus)
+
+    def _reported(self, event: NodeReported) -> None:
+        """A heartbeat's list of running attempts: adopt what this machine had not seen start, resend
+        stops stored before a restart and never carried out, follow progress, and end attempts the
+        node no longer runs (after three beats, or at once after a restart for unconfirmed launches)."""
+        state = self.state
+        stop: list[str] = []
+        reported = set(event.finished)
+        for run in event.running:
+            reported.add(run.attempt_id)
+            attempt = state.attempts.get(run.attempt_id)
+            if attempt is None or (attempt.stopping and attempt.job_id not in state.jobs):
+                stop.append(run.attempt_id)
+                continue
+            if attempt.started is None:
+                self._adopt(attempt)
+            if attempt.stopping and not attempt.stop_sent and event.node_id == attempt.primary:
+                attempt.stop_sent = True
+                job = state.jobs.get(attempt.job_id)
+                if job is not None:
+                    self.emit(
+                        CheckpointAndStop(self._stimulus, attempt.id, job.id, attempt.placement, "preempted")
+                    )
+            attempt.unseen_beats = 0
+            job = state.jobs.get(attempt.job_id)
+            if run.iteration is not None and event.node_id == attempt.primary and job is not None:
+                spec = job.spec
+                done = run.iteration * spec.batch_size * spec.requirements.minimum
+                rate = run.samples_per_s if run.measuring else 0.0
+                self._progressed(
+                    AttemptProgressed(self._stimulus, attempt.id, done, rate, run.td_s, run.tw_s)
+                )
+        self._vanished(event.node_id, reported, event.first)
+        self.emit(NodeReply(self._stimulus, event.node_id, tuple(stop)))
+
+    def _adopt(self, attempt: Attempt) -> None:
+        """A node reports an attempt this machine stored but had not seen start (e.g. after a restart)."""
+        attempt.launched = True
+        attempt.started = self._now
+        self._records.append(self.attempt_row(attempt))
+        job = self.state.jobs.get(attempt.job_id)
+        if (
+            job is not None
+            and job.state == JobState.LAUNCHING
+            and not attempt.profiling
+            and job.attempt == attempt.id
+        ):
+            kind = "adopted" if attempt.created < self.started else "started"
+            self.set_state(job, JobState.RUNNING, kind, f"{attempt.id} reported running by {attempt.primary}")
+
+    def _vanished(self, node_id: str, reported: set[str], first: bool) -> None:
+        hb = self.settings.heartbeat_interval_s
+        for attempt in self.state.attempts_on(node_id):
+            if attempt.primary != node_id or attempt.id in reported:
+                continue
+            restarted = first and attempt.created < self.started
+            if attempt.started is None:
+                if restarted:
+                    self.end_attempt(
+                        attempt,
+                        reason="vanished",
+                        message="launch never confirmed before the master restarted",
+                    )
+                continue
+            attempt.unseen_beats += 1
+            # A beat may have been written before the launch and handled after it: only beats well after
+            # the launch count, and it takes three of them.
+            settled = self._now - attempt.started > 3 * hb + 10.0
+            if (attempt.unseen_beats >= 3 and settled) or restarted:
+                self.end_attempt(attempt, reason="vanished", message=f"{node_id} no longer reports it")
+
+    def _restored(self, event: StateRestored) -> None:
+        state = self.state
+        for job in event.jobs:
+            assert isinstance(job, Job)
+            state.jobs[job.id] = job
+        for attempt in event.attempts:
+            assert isinstance(attempt, Attempt)
+            if attempt.job_id not in state.jobs:
+                continue
+            state.add_attempt(attempt)
+            for sid, devices in attempt.devices.items():
+                state.devices_used.setdefault(sid, set()).update(devices)
+            job = state.jobs[attempt.job_id]
+            if attempt.profiling:
+                job.profiling.add(attempt.id)
+            elif job.attempt is None:
+                job.attempt = attempt.id
+            else:
+                job.moving_to = attempt.id
+        for node_id in event.drained:
+            if node_id in state.nodes:
+                state.nodes[node_id].drained = True
+        self.attempt_seq = max(self.attempt_seq, event.attempt_seq)
+        for job in list(state.jobs.values()):
+            if job.state == JobState.PROFILING and not job.profiling:
+                new = JobState.QUEUED if self.estimator.profiled_types(job.id) else JobState.FAILED
+                self.set_state(job, new, "recovered", "profiling run lost while the master was down")
 
     # -- plans --------------------------------------------------------------------------------------------
 

@@ -47,6 +47,10 @@ class Job:
     def id(self) -> JobId:
         return self.spec.id
 
+    @property
+    def tenant(self) -> str:
+        return self.spec.tenant
+
     def counters(self) -> dict[str, float]:
         return {
             "done_samples": self.done_samples,
@@ -75,6 +79,8 @@ class Attempt:
     started: float | None = None  # the node confirmed it runs
     stopping: bool = False
     stop_reason: str = ""
+    stop_sent: bool = False  # this machine sent the stop (False for a stop restored from the store)
+    unseen_beats: int = 0  # heartbeats of its primary node that did not list it
     last_observed: float = -math.inf
 
     @property

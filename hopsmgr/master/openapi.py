@@ -13,6 +13,7 @@ from typing import Any
 
 from hopsmgr import __version__
 from hopsmgr.core.lifecycle import JobState
+from hopsmgr.master.state import NodeHealth
 from hopsmgr.protocol import (
     ATTEMPT_ID_PATTERN,
     HEARTBEAT,
@@ -30,6 +31,7 @@ MAX_TAIL = 1 << 20
 TEXT = Str(max_len=1 << 24, replace_nul=True)
 MANY = 1 << 20
 STATES = Str(enum=tuple(s.value for s in JobState))
+HEALTH_STATES = Str(enum=(NodeHealth.HEALTHY, NodeHealth.SUSPECT, NodeHealth.LOST, NodeHealth.UNKNOWN))
 JOB_ID = Str(max_len=16, pattern=JOB_ID_PATTERN)
 NODE_ID = Str(max_len=64, pattern=NODE_ID_PATTERN)
 ATTEMPT_ID = Str(max_len=16, pattern=ATTEMPT_ID_PATTERN)
@@ -142,7 +144,7 @@ NODE_FIELDS: dict[str, Spec] = {
     "id": NODE_ID,
     "gpu_type": TEXT,
     "gpus": COUNT,
-    "health": Str(enum=("HEALTHY", "SUSPECT", "LOST")),
+    "health": HEALTH_STATES,
     "drained": Bool(),
     "emulated": Bool(),
     "device_mode": Nullable(TEXT),
@@ -166,7 +168,7 @@ CLUSTER = answer(
             for k in ("gpus", "used_gpus", "idle_gpus", "pending", "queued", "running", "checkpointing")
         },
         "gpus_by_type": Map(COUNT, keys=TEXT, max_items=MANY),
-        "nodes": Map(COUNT, keys=Str(enum=("HEALTHY", "SUSPECT", "LOST")), max_items=3),
+        "nodes": Map(COUNT, keys=HEALTH_STATES, max_items=4),
         "raqlr": Nullable(Num()),
         "epoch": COUNT,
         "executor": TEXT,

@@ -66,7 +66,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 from hopsmgr.core.model import Calibration, ModelError, Server, TenantQuota
 from hopsmgr.core.settings import SchedulerSettings
-from hopsmgr.master.settings import MasterSettings
+from hopsmgr.master_settings import MasterSettings
 
 __all__ = [
     "ClusterConfig",

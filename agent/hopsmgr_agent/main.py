@@ -38,7 +38,16 @@ from hopsmgr.config import ConfigError
 from hopsmgr.logs import configure_logging
 from hopsmgr.node import ops
 from hopsmgr.node.layout import WrapperError
-from hopsmgr.protocol import PROTOCOL_VERSION, HeartbeatReply, WireError, parse_heartbeat_reply
+from hopsmgr.protocol import (
+    PROGRESS,
+    FinishedAttempt,
+    Heartbeat,
+    HeartbeatReply,
+    Progress,
+    RunningAttempt,
+    WireError,
+    parse_heartbeat_reply,
+)
 from hopsmgr_agent import __version__
 from hopsmgr_agent.calibrator import Calibrator
 from hopsmgr_agent.config import AgentConfig, load_agent_config
@@ -104,16 +113,16 @@ class Agent:
         else:
             self.calibrator.load_saved()
 
-    def report(self) -> dict[str, Any]:
+    def report(self) -> Heartbeat:
         """This beat's message: identity, devices, and what the node's attempt records say."""
         records = ops.status(self.config.workdir)["attempts"]
-        running: list[dict[str, Any]] = []
-        finished: list[dict[str, Any]] = []
+        running: list[RunningAttempt] = []
+        finished: list[FinishedAttempt] = []
         for rec in records:
             if rec.get("job") is None or self._acked(rec["attempt"]):
                 continue
             if rec["state"] == "running":
-                running.append({"attempt": rec["attempt"], "job": rec["job"], "progress": _progress(rec)})
+                running.append(RunningAttempt(rec["attempt"], rec["job"], _progress(rec)))
                 continue
             exit_rec = rec.get("exit") or {}
             try:
@@ -121,27 +130,26 @@ class Agent:
             except WrapperError:
                 tail = ""
             finished.append(
-                {
-                    "attempt": rec["attempt"],
-                    "job": rec["job"],
-                    "code": exit_rec.get("code"),
-                    "signal": exit_rec.get("signal"),
-                    "checkpointed": bool(exit_rec.get("checkpointed", False)),
-                    "profile": _numbers(rec.get("profile")),
-                    "progress": _progress(rec),
-                    "log_tail": tail,
-                }
+                FinishedAttempt(
+                    attempt=rec["attempt"],
+                    job=rec["job"],
+                    code=exit_rec.get("code"),
+                    signal=exit_rec.get("signal"),
+                    checkpointed=bool(exit_rec.get("checkpointed", False)),
+                    profile=_numbers(rec.get("profile")),
+                    progress=_progress(rec),
+                    log_tail=tail,
+                )
             )
-        return {
-            "protocol": PROTOCOL_VERSION,
-            "node": self.config.node,
-            "agent_version": __version__,
-            "epoch_seen": self.epoch,
-            "workdir": self.config.workdir,
+        return Heartbeat(
+            node=self.config.node,
+            agent_version=__version__,
+            epoch_seen=self.epoch,
+            workdir=self.config.workdir,
+            running=tuple(running),
+            finished=tuple(finished),
             **self.devices(),
-            "running": running,
-            "finished": finished,
-        }
+        )
 
     async def apply(self, reply: HeartbeatReply) -> None:
         if reply.epoch < self.epoch:
@@ -195,7 +203,7 @@ class Agent:
         return min(30.0, max(1.0, 2 * self.interval_s))
 
     async def beat(self, session: aiohttp.ClientSession) -> None:
-        body = await asyncio.to_thread(self.report)
+        body = (await asyncio.to_thread(self.report)).to_json()
         url = f"{self.config.master}/api/v1/agents/heartbeat"
         headers = {"Authorization": f"Bearer {self.config.token}"}
         async with session.post(url, json=body, headers=headers) as resp:
@@ -269,12 +277,16 @@ def _numbers(value: Any) -> dict[str, float] | None:
     return {k: float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _progress(rec: dict[str, Any]) -> dict[str, Any] | None:
+def _progress(rec: dict[str, Any]) -> Progress | None:
+    """The runtime's progress record as the wire's Progress; a malformed one is left out (and logged)."""
     p = rec.get("progress")
     if not isinstance(p, dict):
         return None
-    keys = ("iteration", "samples", "samples_per_s", "td_s", "tw_s", "time", "mode")
-    return {k: p[k] for k in keys if k in p}
+    try:
+        return PROGRESS.check({k: v for k, v in p.items() if k in PROGRESS.fields}, "progress")
+    except WireError as exc:
+        log.warning("progress_unreadable", attempt_id=rec.get("attempt"), error=str(exc))
+        return None
 
 
 async def _amain(config: AgentConfig, inventory: Inventory | None) -> None:

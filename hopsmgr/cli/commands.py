@@ -25,6 +25,7 @@ from hopsmgr.cli import render
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ModelError, RequirementSet
+from hopsmgr.protocol import Submission, WireError, parse_submission
 
 API = "/api/v1"
 DEFAULT_RNUM = 4
@@ -165,22 +166,26 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             counts = list(RequirementSet.span(*spec.span, args.rnum or DEFAULT_RNUM).counts)
         except ModelError as exc:
             raise UsageError(f"argument --gpus: {exc} (got {spec.text!r})") from None
-    body: dict[str, Any] = {"command": command, "gpus": counts, "batch_size": args.batch_size}
-    if args.iters is not None:
-        body["iterations"] = args.iters
-    else:
-        body["samples"] = args.samples
-    for key, value in (
-        ("name", args.name),
-        ("tenant", args.tenant),
-        ("params", args.params),
-        ("workdir", args.workdir),
-        ("launcher", args.launcher),
-    ):
-        if value is not None:
-            body[key] = value
-    if args.env:
-        body["env"] = dict(args.env)
+    given: dict[str, Any] = {
+        key: value
+        for key, value in (
+            ("iterations", args.iters),
+            ("samples", args.samples if args.iters is None else None),
+            ("name", args.name),
+            ("tenant", args.tenant),
+            ("params", args.params),
+            ("workdir", args.workdir),
+            ("launcher", args.launcher),
+            ("env", dict(args.env) if args.env else None),
+        )
+        if value is not None
+    }
+    sub = Submission(command=tuple(command), gpus=tuple(counts), batch_size=args.batch_size, **given)
+    body = sub.to_json()
+    try:  # the master's own schema: refuse here what it would refuse, naming the field
+        parse_submission(body)
+    except WireError as exc:
+        raise UsageError(f"{exc.field}: {exc.message}") from None
     return body
 
 

@@ -18,22 +18,19 @@ from aiohttp import web
 
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.master import views
-from hopsmgr.master.controller import Controller, Principal, RequestError, Submission
+from hopsmgr.master.controller import Controller, Principal, RequestError
 from hopsmgr.master.metrics import prometheus_text
-from hopsmgr.master.openapi import openapi_document
+from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.store import StoreError
 from hopsmgr.protocol import (
-    ID_RE,
+    ID,
+    JOB_ID_PATTERN,
     WireError,
-    array,
-    boolean,
     check_protocol,
-    integer,
-    number,
     parse_heartbeat,
-    string,
-    table,
+    parse_submission,
+    parse_token_request,
 )
 
 log = structlog.get_logger("hopsmgr.master")
@@ -41,20 +38,8 @@ MAX_BODY = 64 * 1024
 CTL = web.AppKey("controller", Controller)
 LOOP = web.AppKey("rounds", RoundLoop)
 CLUSTER_TOKEN = web.AppKey("cluster_token", str)
-_ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_SUBMIT_KEYS = (
-    "command",
-    "gpus",
-    "batch_size",
-    "iterations",
-    "samples",
-    "name",
-    "tenant",
-    "params",
-    "workdir",
-    "env",
-    "launcher",
-)
+_DECIMAL = re.compile(r"-?[0-9]{1,12}")
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -118,76 +103,28 @@ async def body(request: web.Request) -> Any:
         raise RequestError(400, None, f"body is not valid JSON: {str(exc)[:200]}") from None
 
 
-def parse_submission(raw: Any) -> Submission:
-    doc = table(raw, "", _SUBMIT_KEYS, ("command", "gpus", "batch_size"))
-    command = [string(a, f"command[{i}]") for i, a in enumerate(array(doc["command"], "command", 1024))]
-    if not command or not command[0]:
-        raise WireError("command", "must name a program (a non-empty first item)")
-    gpus = [integer(g, f"gpus[{i}]", 1, 4096) for i, g in enumerate(array(doc["gpus"], "gpus", 64))]
-    if not gpus:
-        raise WireError("gpus", "must list at least one GPU count")
-    if len(set(gpus)) != len(gpus):
-        raise WireError("gpus", f"must not repeat a count, got {gpus}")
-    has_iters, has_samples = "iterations" in doc, "samples" in doc
-    if has_iters == has_samples:
-        raise WireError("iterations", "give exactly one of iterations and samples")
-    env_raw = table(doc.get("env", {}), "env", tuple(doc.get("env", {}) or {}))
-    if len(env_raw) > 256:
-        raise WireError("env", f"at most 256 variables, got {len(env_raw)}")
-    env = {string(k, "env", pattern=_ENV_KEY): string(v, f"env.{k}") for k, v in env_raw.items()}
-    reserved = [k for k in env if k.startswith("HOPS_") or k == "CUDA_VISIBLE_DEVICES"]
-    if reserved:
-        raise WireError(f"env.{reserved[0]}", "is set by hopsmgr and cannot be given")
-    workdir = string(doc.get("workdir", ""), "workdir", max_len=1024)
-    if workdir and (not workdir.startswith("/") or "/../" in workdir + "/"):
-        raise WireError("workdir", f"must be an absolute path without '..', got {workdir!r}")
-    launcher = string(doc.get("launcher", "plain"), "launcher", pattern=re.compile("plain|torchrun"))
-    name = string(doc.get("name", command[0].rsplit("/", 1)[-1]), "name", max_len=128)
-    tenant = doc.get("tenant")
-    return Submission(
-        command=tuple(command),
-        gpus=tuple(gpus),
-        batch_size=integer(doc["batch_size"], "batch_size", 1, 1 << 24),
-        iterations=_work(doc, "iterations") if has_iters else None,
-        samples=_work(doc, "samples") if has_samples else None,
-        name=name,
-        tenant=None if tenant is None else string(tenant, "tenant", pattern=ID_RE),
-        params=_bounded(number(doc.get("params", 0), "params", 0.0), "params", MAX_PARAMS),
-        workdir=workdir,
-        env=env,
-        launcher=launcher,
-    )
-
-
-MAX_WORK = 1e15  # iterations or samples: far above any real job, far below float overflow
-MAX_PARAMS = 1e13
-
-
-def _bounded(value: float, field: str, high: float) -> float:
-    if value > high:
-        raise WireError(field, f"must be <= {high:g}, got {value:g}")
-    return value
-
-
-def _work(doc: Any, field: str) -> float:
-    return _bounded(number(doc[field], field, positive=True), field, MAX_WORK)
-
-
 def job_id(request: web.Request) -> str:
     value = request.match_info["job"]
-    if not ID_RE.fullmatch(value):
-        raise RequestError(400, "id", f"not a job id: {value[:80]!r}")
+    if not re.fullmatch(JOB_ID_PATTERN, value):
+        raise RequestError(400, "id", f"not a job id (j-NNNNNN): {value[:80]!r}")
     return value
+
+
+def node_id(request: web.Request) -> str:
+    value = request.match_info["node"]
+    try:
+        return NODE_ID.check(value, "node")
+    except WireError as exc:
+        raise RequestError(400, "node", f"not a node id: {exc.message}") from None
 
 
 def _int_param(request: web.Request, name: str, default: int, high: int) -> int:
     text = request.query.get(name)
     if text is None:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise RequestError(400, name, f"must be an integer, got {text[:40]!r}") from None
+    if not _DECIMAL.fullmatch(text):  # int() would also take " 5", "5_0" and other scripts' digits
+        raise RequestError(400, name, f"must be an integer, got {text[:40]!r}")
+    value = int(text)
     if not 1 <= value <= high:
         raise RequestError(400, name, f"must be in [1, {high}], got {value}")
     return value
@@ -216,7 +153,10 @@ async def list_jobs(request: web.Request) -> web.Response:
             raise RequestError(
                 400, "state", f"unknown state {s[:40]!r} (known: {', '.join(JobState.__members__)})"
             )
-    tenant = request.query.get("tenant")
+    tenant, user = request.query.get("tenant"), request.query.get("user")
+    for key, value in (("tenant", tenant), ("user", user)):
+        if value is not None:
+            ID.check(value, key)
     if not who.admin:
         if tenant is not None and tenant != who.tenant:
             raise RequestError(403, "tenant", f"user {who.user!r} cannot list tenant {tenant[:64]!r}")
@@ -225,8 +165,8 @@ async def list_jobs(request: web.Request) -> web.Response:
     rows = ctl.store.jobs(
         states=states,
         tenant=tenant,
-        user=request.query.get("user"),
-        limit=_int_param(request, "limit", 1000, 100_000),
+        user=user,
+        limit=_int_param(request, "limit", 1000, MAX_LIMIT),
     )
     ctx = views.wait_context(ctl)
     return web.json_response({"jobs": [views.job_summary(ctl, r, ctx) for r in rows]})
@@ -249,7 +189,7 @@ async def cancel_job(request: web.Request) -> web.Response:
 async def job_logs(request: web.Request) -> web.Response:
     ctl = request.app[CTL]
     row = ctl.visible(principal(request), job_id(request))
-    tail = _int_param(request, "tail", ctl.settings.log_tail_bytes, 1 << 20)
+    tail = _int_param(request, "tail", ctl.settings.log_tail_bytes, MAX_TAIL)
     attempt, text = await views.latest_log(ctl, row, tail)
     return web.json_response({"id": row["id"], "attempt": attempt, "log": text})
 
@@ -269,9 +209,10 @@ async def list_nodes(request: web.Request) -> web.Response:
 async def show_node(request: web.Request) -> web.Response:
     principal(request)
     ctl = request.app[CTL]
-    node = ctl.state.nodes.get(request.match_info["node"])
+    name = node_id(request)
+    node = ctl.state.nodes.get(name)
     if node is None:
-        raise RequestError(404, "node", f"no node {request.match_info['node'][:64]!r}")
+        raise RequestError(404, "node", f"no node {name!r}")
     return web.json_response(views.node_view(ctl, node))
 
 
@@ -279,7 +220,7 @@ def _drain(drained: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         admin(request)
         ctl = request.app[CTL]
-        return web.json_response(views.node_view(ctl, ctl.set_drained(request.match_info["node"], drained)))
+        return web.json_response(views.node_view(ctl, ctl.set_drained(node_id(request), drained)))
 
     return handler
 
@@ -287,7 +228,7 @@ def _drain(drained: bool) -> Handler:
 async def calibrate_node(request: web.Request) -> web.Response:
     admin(request)
     ctl = request.app[CTL]
-    node = ctl.request_calibration(request.match_info["node"])
+    node = ctl.request_calibration(node_id(request))
     return web.json_response({**views.node_view(ctl, node), "calibration_requested": True})
 
 
@@ -307,10 +248,8 @@ async def cluster(request: web.Request) -> web.Response:
 
 async def create_token(request: web.Request) -> web.Response:
     admin(request)
-    doc = table(await body(request), "", ("user", "tenant", "admin"), ("user", "tenant"))
-    user = string(doc["user"], "user", pattern=ID_RE)
-    tenant = string(doc["tenant"], "tenant", pattern=ID_RE)
-    is_admin = boolean(doc.get("admin", False), "admin")
+    req = parse_token_request(await body(request))
+    user, tenant, is_admin = req.user, req.tenant, req.admin
     ctl = request.app[CTL]
     if tenant not in ctl.state.tenants:
         raise RequestError(
@@ -335,7 +274,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     principal(request)
     text = prometheus_text(request.app[CTL], request.app[LOOP])
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+    return web.Response(text=text, headers={"Content-Type": PROMETHEUS_TEXT})
 
 
 async def openapi(request: web.Request) -> web.Response:

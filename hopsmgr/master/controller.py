@@ -36,10 +36,9 @@ from hopsmgr.master.state import (
     time_profile,
 )
 from hopsmgr.master.store import Store
-from hopsmgr.protocol import Progress
+from hopsmgr.protocol import Progress, Submission
 
 log = structlog.get_logger("hopsmgr.master")
-EXIT_CHECKPOINTED = 75
 
 
 def exit_text(code: int | None) -> str:
@@ -60,21 +59,6 @@ class Principal:
     tenant: str
     admin: bool = False
     agent: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Submission:
-    command: tuple[str, ...]
-    gpus: tuple[int, ...]
-    batch_size: int
-    iterations: float | None
-    samples: float | None
-    name: str
-    tenant: str | None
-    params: float
-    workdir: str
-    env: dict[str, str]
-    launcher: str
 
 
 class Controller(NodeTracking):

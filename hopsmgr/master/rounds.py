@@ -20,6 +20,7 @@ from typing import Any
 
 import structlog
 
+from hopsmgr import nodecontract
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, JobSpec
 from hopsmgr.core.planner import Plan, PlanKind, ProfilingRun, profiling_runs
@@ -436,14 +437,14 @@ class RoundLoop:
                 rendezvous = f"{ctl.config.node_access(parts[0][0]).address}:{rendezvous_port(attempt.id)}"
                 env = {
                     **job.env,
-                    "HOPS_NODE_RANK": str(rank),
-                    "HOPS_NNODES": str(len(parts)),
-                    "HOPS_WORLD_GPUS": str(attempt.placement.gpus),
-                    "HOPS_BASE_GPUS": str(job.spec.requirements.minimum),
+                    nodecontract.NODE_RANK: str(rank),
+                    nodecontract.NNODES: str(len(parts)),
+                    nodecontract.WORLD_GPUS: str(attempt.placement.gpus),
+                    nodecontract.BASE_GPUS: str(job.spec.requirements.minimum),
                     # linear learning-rate scaling for elastic jobs: GPUs given over the smallest count
-                    "HOPS_LR_SCALE": repr(attempt.placement.gpus / job.spec.requirements.minimum),
-                    "HOPS_RESUME": "1" if attempt.resume else "0",
-                    "HOPS_RDZV_ENDPOINT": rendezvous,
+                    nodecontract.LR_SCALE: repr(attempt.placement.gpus / job.spec.requirements.minimum),
+                    nodecontract.RESUME: "1" if attempt.resume else "0",
+                    nodecontract.RDZV_ENDPOINT: rendezvous,
                 }
                 argv = list(job.command)
                 if job.launcher == "torchrun" and not attempt.profiling:

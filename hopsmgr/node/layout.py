@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hopsmgr import nodecontract as nc
 from hopsmgr.runtime.files import atomic_write_bytes, read_json
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -92,15 +93,15 @@ class Attempt:
 
     @property
     def log(self) -> Path:
-        return self.dir / "log"
+        return self.dir / nc.LOG_FILE
 
     @property
     def exit(self) -> Path:
-        return self.dir / "exit.json"
+        return self.dir / nc.EXIT_FILE
 
     @property
     def request(self) -> Path:
-        return self.dir / "checkpoint.request"
+        return self.dir / nc.REQUEST_FILE
 
 
 def attempts_dir(workdir: Path) -> Path:

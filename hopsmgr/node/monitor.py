@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr.node.layout import Attempt, process_record
+from hopsmgr.nodecontract import ENV_PREFIX, EXIT_CHECKPOINTED
 from hopsmgr.runtime.files import atomic_write_bytes, atomic_write_json, read_json
-
-CHECKPOINTED_CODE = 75
 
 
 def exit_record(returncode: int | None, error: str | None = None) -> dict[str, Any]:
@@ -31,7 +30,7 @@ def exit_record(returncode: int | None, error: str | None = None) -> dict[str, A
         "code": code,
         "signal": sig,
         "ended": time.time(),
-        "checkpointed": code == CHECKPOINTED_CODE,
+        "checkpointed": code == EXIT_CHECKPOINTED,
     }
     if error is not None:
         rec["error"] = error
@@ -40,7 +39,7 @@ def exit_record(returncode: int | None, error: str | None = None) -> dict[str, A
 
 def child_env(overlay: dict[str, str]) -> dict[str, str]:
     """The inherited environment without stale HOPS_* variables, plus the attempt's variables."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOPS_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     env.update(overlay)
     return env
 

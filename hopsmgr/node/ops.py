@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hopsmgr import nodecontract as nc
 from hopsmgr.node.layout import (
     Attempt,
     BadRequest,
@@ -86,8 +87,8 @@ def attempt_status(a: Attempt) -> dict[str, Any]:
         "state": state,
         "pid": pid,
         "checkpoint_requested": a.request.exists(),
-        "progress": _dict_or_none(read_json(a.file("progress.json"))),
-        "profile": _dict_or_none(read_json(a.file("profile.json"))),
+        "progress": _dict_or_none(read_json(a.file(nc.PROGRESS_FILE))),
+        "profile": _dict_or_none(read_json(a.file(nc.PROFILE_FILE))),
         "exit": exit_rec if isinstance(exit_rec, dict) else None,
     }
 
@@ -123,18 +124,18 @@ def _child_overlay(
     env: Mapping[str, str],
 ) -> dict[str, str]:
     overlay = {
-        "HOPS_JOB_ID": job,
-        "HOPS_ATTEMPT_ID": a.attempt_id,
-        "HOPS_ATTEMPT_DIR": str(a.dir),
-        "HOPS_CHECKPOINT_DIR": str(checkpoint_dir),
-        "HOPS_MODE": mode,
-        "HOPS_GPUS": str(gpus),
-        "HOPS_PROFILE_ITERS": str(profile_iters),
+        nc.JOB_ID: job,
+        nc.ATTEMPT_ID: a.attempt_id,
+        nc.ATTEMPT_DIR: str(a.dir),
+        nc.CHECKPOINT_DIR: str(checkpoint_dir),
+        nc.MODE: mode,
+        nc.GPUS: str(gpus),
+        nc.PROFILE_ITERS: str(profile_iters),
     }
     if emulated_speed is not None:
-        overlay["HOPS_EMULATED_SPEED"] = repr(float(emulated_speed))
+        overlay[nc.EMULATED_SPEED] = repr(float(emulated_speed))
     if visible_devices is not None:
-        overlay["CUDA_VISIBLE_DEVICES"] = visible_devices
+        overlay[nc.VISIBLE_DEVICES] = visible_devices
     overlay.update(env)
     return overlay
 

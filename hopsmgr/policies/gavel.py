@@ -129,7 +129,8 @@ def max_min_allocation(
             problem += pulp.lpSum(sizes[j] * xs[j, t] for j, t in users) <= gpus[gpu_type], f"gpus_{k}"
             n_cons += 1
     n_vars = len(xs) + 1
-    if not _solve(problem, time_limit_s):
+    first = _solve(problem, time_limit_s)
+    if first is None:
         return _equal_split(coef, sizes, gpus, n_vars, n_cons)
     t_star = float(t_var.value() or 0.0)
     stage_one = _values(xs)
@@ -137,24 +138,37 @@ def max_min_allocation(
     for k, jid in enumerate(sorted(coef)):
         problem += terms[jid] >= t_star * (1 - 1e-6) - _EPS, f"floor_{k}"
     problem.setObjective(pulp.lpSum(terms.values()))
-    values, method = (_values(xs), "lp-2stage") if _solve(problem, time_limit_s) else (stage_one, "lp")
+    second = _solve(problem, time_limit_s)
+    values, method = (_values(xs), "lp-2stage") if second is not None else (stage_one, "lp")
     x: dict[JobId, dict[GpuType, float]] = {}
     for (jid, gpu_type), value in values.items():
         x.setdefault(jid, {})[gpu_type] = value
-    return Allocation(x, t_star, method, True, n_vars, n_cons)
+    proven = first == "optimal" and second in ("optimal", None)
+    note = (
+        None
+        if proven
+        else "LP stopped at its time limit: its best feasible solution is used, not proven optimal"
+    )
+    return Allocation(x, t_star, method, proven, n_vars, n_cons, note)
 
 
 def _values(xs: Mapping[tuple[JobId, GpuType], pulp.LpVariable]) -> dict[tuple[JobId, GpuType], float]:
     return {key: max(0.0, float(var.value() or 0.0)) for key, var in xs.items()}
 
 
-def _solve(problem: pulp.LpProblem, time_limit_s: float) -> bool:
+def _solve(problem: pulp.LpProblem, time_limit_s: float) -> str | None:
+    """ "optimal", "feasible" (stopped at the time limit with a feasible incumbent), or None (no usable
+    solution). PuLP reports a CBC run stopped on time as `status` Optimal: only `sol_status` tells."""
     solver = pulp.COIN_CMD(path=pulp_cbc_path, msg=False, timeLimit=max(1, math.ceil(time_limit_s)))
     try:
         problem.solve(solver)
     except pulp.PulpSolverError:
-        return False
-    return bool(problem.status == pulp.LpStatusOptimal)
+        return None
+    if problem.status != pulp.LpStatusOptimal:
+        return None
+    if problem.sol_status == pulp.LpSolutionOptimal:
+        return "optimal"
+    return "feasible" if problem.sol_status == pulp.LpSolutionIntegerFeasible else None
 
 
 def _equal_split(

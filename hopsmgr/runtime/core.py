@@ -23,16 +23,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from hopsmgr import nodecontract as nc
+from hopsmgr.nodecontract import EXIT_CHECKPOINTED, PROFILE_FILE, PROGRESS_FILE, REQUEST_FILE
 from hopsmgr.runtime import checkpoint
 from hopsmgr.runtime.files import atomic_write_json
 from hopsmgr.runtime.stats import mean, two_means
 
-EXIT_CHECKPOINTED = 75
 PHASES = ("data", "forward", "backward", "update", "comm", "wait")
 MODES = ("run", "profile")
-REQUEST_FILE = "checkpoint.request"
-PROGRESS_FILE = "progress.json"
-PROFILE_FILE = "profile.json"
 PROGRESS_INTERVAL_S = 0.5
 PACE_WINDOW = 20
 WARMUP_ITERS = 2
@@ -106,19 +104,19 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         """Read `HOPS_*` variables; a malformed value raises ValueError naming the variable."""
         env = os.environ if env is None else env
-        mode = env.get("HOPS_MODE", "").strip() or "run"
+        mode = env.get(nc.MODE, "").strip() or "run"
         if mode not in MODES:
-            raise ValueError(f"HOPS_MODE={mode!r} must be one of {', '.join(MODES)}")
+            raise ValueError(f"{nc.MODE}={mode!r} must be one of {', '.join(MODES)}")
         return cls(
-            job_id=env.get("HOPS_JOB_ID") or None,
-            attempt_id=env.get("HOPS_ATTEMPT_ID") or None,
-            attempt_dir=_env_path(env, "HOPS_ATTEMPT_DIR"),
-            checkpoint_dir=_env_path(env, "HOPS_CHECKPOINT_DIR"),
+            job_id=env.get(nc.JOB_ID) or None,
+            attempt_id=env.get(nc.ATTEMPT_ID) or None,
+            attempt_dir=_env_path(env, nc.ATTEMPT_DIR),
+            checkpoint_dir=_env_path(env, nc.CHECKPOINT_DIR),
             mode=mode,
-            profile_iters=_env_int(env, "HOPS_PROFILE_ITERS", DEFAULT_PROFILE_ITERS, 1),
-            gpus=_env_int(env, "HOPS_GPUS", 1, 1),
-            lr_scale=_env_float(env, "HOPS_LR_SCALE", 1.0),
-            emulated_speed=_env_float(env, "HOPS_EMULATED_SPEED", 1.0),
+            profile_iters=_env_int(env, nc.PROFILE_ITERS, DEFAULT_PROFILE_ITERS, 1),
+            gpus=_env_int(env, nc.GPUS, 1, 1),
+            lr_scale=_env_float(env, nc.LR_SCALE, 1.0),
+            emulated_speed=_env_float(env, nc.EMULATED_SPEED, 1.0),
         )
 
 

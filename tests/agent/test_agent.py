@@ -19,6 +19,7 @@ from hopsmgr_agent.probe import ProbeError, measure_peer
 
 from hopsmgr.core.model import Calibration
 from hopsmgr.protocol import HeartbeatReply, parse_heartbeat
+from tests.helpers.wire import through_json
 from tests.integration.cluster import PYTHON, LocalCluster, Node, wait_for
 
 torch = pytest.importorskip("torch")
@@ -40,7 +41,7 @@ def cpu_config(workdir: Path, **extra: Any) -> AgentConfig:
 def test_master_reply_starts_a_calibration_then_never_reuses_it(tmp_path: Path) -> None:
     agent = Agent(cpu_config(tmp_path, calibrate="never"))
     agent.start_background()  # "never" with nothing saved: no calibration yet
-    beat = parse_heartbeat(agent.report())
+    beat = through_json(agent.report(), parse_heartbeat)
     assert (beat.device_mode, beat.gpu_type, beat.gpus, beat.calibration) == ("cpu", "cpu", 1, None)
 
     calibrator = agent.calibrator
@@ -49,7 +50,7 @@ def test_master_reply_starts_a_calibration_then_never_reuses_it(tmp_path: Path) 
     assert calibrator.running()
     assert not agent.start_calibration("again")  # one run at a time
     wait_for(lambda: calibrator.runs == 1, 60, "calibration", lambda: calibrator.error)
-    beat = parse_heartbeat(agent.report())
+    beat = through_json(agent.report(), parse_heartbeat)
     assert beat.calibration_source == "measured-cpu" and beat.calibration is not None
     assert Calibration(**beat.calibration, source=beat.calibration_source).compute_factor > 0
 
@@ -60,7 +61,7 @@ def test_master_reply_starts_a_calibration_then_never_reuses_it(tmp_path: Path) 
     again = Agent(cpu_config(tmp_path, calibrate="never"))
     again.start_background()
     assert again.calibrator is not None and not again.calibrator.running()
-    assert parse_heartbeat(again.report()).calibration == beat.calibration
+    assert through_json(again.report(), parse_heartbeat).calibration == beat.calibration
 
 
 def free_port() -> int:
@@ -145,7 +146,7 @@ def test_gpu_calibration_without_cuda_fails_visibly_and_beats_go_on(tmp_path: Pa
     assert agent.start_calibration("test") and agent.calibrator is not None
     calibrator = agent.calibrator
     wait_for(lambda: not calibrator.running(), 30, "calibration to end")
-    beat = parse_heartbeat(agent.report())
+    beat = through_json(agent.report(), parse_heartbeat)
     assert beat.calibration is None and beat.device_mode == "nvml"
     assert beat.message.startswith("calibration failed: torch") and "no CUDA" in beat.message
     assert not (tmp_path / "calibration.json").exists()

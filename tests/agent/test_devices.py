@@ -14,6 +14,7 @@ from hopsmgr_agent.main import Agent
 
 from hopsmgr.protocol import parse_heartbeat
 from tests.agent.fake_nvml import BUS, FakeNVML, NVMLError_LibraryNotFound
+from tests.helpers.wire import through_json
 
 
 def test_two_gpus_joined_by_nvlink() -> None:
@@ -127,18 +128,18 @@ def _config(tmp_path: Path, **extra: Any) -> Any:
 def test_agent_reports_nvml_devices_in_a_valid_heartbeat(tmp_path: Path) -> None:
     nvml = FakeNVML([("NVIDIA H200", BUS[0]), ("NVIDIA H200", BUS[1])])
     agent = Agent(_config(tmp_path, devices="nvml", calibrate="never"), discover(nvml))
-    beat = parse_heartbeat(agent.report())
+    beat = through_json(agent.report(), parse_heartbeat)
     assert (beat.gpu_type, beat.gpus, beat.device_mode) == ("h200", 2, "nvml")
     assert beat.calibration is None and beat.calibration_source == ""
     override = Agent(_config(tmp_path, devices="nvml", gpu_type="h200-nvl"), discover(nvml))
-    assert parse_heartbeat(override.report()).gpu_type == "h200-nvl"
+    assert through_json(override.report(), parse_heartbeat).gpu_type == "h200-nvl"
 
 
 def test_emulated_agent_is_labelled_emulated_and_never_calibrates(tmp_path: Path) -> None:
     config = _config(tmp_path, emulated={"gpu_type": "v100", "count": 4, "speed": 1.3})
     agent = Agent(config)
     assert not agent.start_calibration("test")
-    beat = parse_heartbeat(agent.report())
+    beat = through_json(agent.report(), parse_heartbeat)
     assert beat.device_mode == "emulated" and beat.calibration_source == "emulated"
     assert beat.calibration == {"compute_factor": 1.3, "memory_factor": 1.3, "data_factor": 1.0}
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from hopsmgr.core import configs
 from hopsmgr.core.estimator import Estimator, TimeProfile
-from hopsmgr.core.model import Calibration, Config, JobSpec, RequirementSet, Server
+from hopsmgr.core.model import Calibration, Config, JobSpec, Server
+from tests.helpers.builders import job_spec
 
 # Three servers: two of type A (4 GPUs each, adjacent), one of type B (8 GPUs).
 S0 = Server("s0", "A", 4, order=0)
@@ -25,7 +26,7 @@ RATE_B = 32 / 0.15
 
 
 def job(counts: tuple[int, ...], job_id: str = "j", params: float = 0.0) -> JobSpec:
-    return JobSpec(job_id, RequirementSet.of(counts), total_samples=1e6, batch_size=32, params_bytes=params)
+    return job_spec(job_id, counts, params_bytes=params)
 
 
 def estimator_for(*specs: JobSpec, types: tuple[str, ...] = ("A", "B")) -> Estimator:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,7 +16,9 @@ from hopsmgr.core.estimator import (
     expected_iteration_time,
     iteration_time,
 )
-from hopsmgr.core.model import Calibration, Config, JobSpec, ModelError, RequirementSet, Server
+from hopsmgr.core.model import Calibration, Config, JobSpec, ModelError
+from tests.helpers.builders import job_spec
+from tests.helpers.builders import server as make_server
 
 # tf 0.1, tb 0.2, tu 0.05, td 0.1 (stable): one GPU, no communication: T = max(0.1, 0.2 + 0.05) + 0.1 = 0.35
 PROFILE = TimeProfile(tf_s=0.1, tb_s=0.2, tu_s=0.05, td_hit_s=0.1, td_miss_s=0.1)
@@ -25,17 +26,7 @@ NOMINAL = Calibration()  # compute 1, data 1, link 50 GB/s, net 12.5 GB/s
 
 
 def make_job(params: float = 0.0, batch: int = 32, job_id: str = "j1") -> JobSpec:
-    return JobSpec(
-        id=job_id,
-        requirements=RequirementSet.of([1, 2, 4]),
-        total_samples=1e6,
-        batch_size=batch,
-        params_bytes=params,
-    )
-
-
-def make_server(sid: str, gpu_type: str = "V100", **calibration: Any) -> Server:
-    return Server(id=sid, gpu_type=gpu_type, gpus=8, calibration=Calibration(**calibration))
+    return job_spec(job_id, (1, 2, 4), batch=batch, params_bytes=params)
 
 
 def profiled(profile: TimeProfile = PROFILE, job_id: str = "j1", alpha: float = 0.3) -> Estimator:

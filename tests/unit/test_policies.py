@@ -16,7 +16,6 @@ from hopsmgr.core.model import (
     Config,
     JobSpec,
     JobView,
-    RequirementSet,
     Server,
 )
 from hopsmgr.core.planner import Plan
@@ -28,6 +27,7 @@ from hopsmgr.policies.gavel import GavelPolicy, equal_share_rate, max_min_alloca
 from hopsmgr.policies.placement import pack
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
 from hopsmgr.policies.sia import SiaPolicy, restart_factor
+from tests.helpers.builders import job_spec, snapshot
 
 BASELINES = ("gavel", "gavel-lr", "sia", "sia-lr", "fifo")
 
@@ -42,9 +42,7 @@ def profile(speed: float) -> TimeProfile:
 
 
 def spec(job_id: str, counts: Sequence[int], submit: float = 0.0, restart_s: float = 60.0) -> JobSpec:
-    return JobSpec(
-        job_id, RequirementSet.of(counts), 1e9, 32, submit_time=submit, restart_s=restart_s, params_bytes=0.0
-    )
+    return job_spec(job_id, counts, samples=1e9, submit=submit, restart_s=restart_s)
 
 
 def estimator(speeds: Mapping[str, Mapping[str, float]]) -> Estimator:
@@ -53,10 +51,6 @@ def estimator(speeds: Mapping[str, Mapping[str, float]]) -> Estimator:
         for gpu_type, speed in per_type.items():
             est.add_profile(job_id, gpu_type, profile(speed), Calibration())
     return est
-
-
-def snapshot(servers: Sequence[Server], views: Sequence[JobView], now: float = 0.0) -> ClusterSnapshot:
-    return ClusterSnapshot(tuple(servers), {s.id: s.gpus for s in servers}, tuple(views), now)
 
 
 def applied(snap: ClusterSnapshot, plan: Plan, dt: float) -> ClusterSnapshot:

@@ -9,18 +9,18 @@ from hopsmgr.core.model import (
     Config,
     JobSpec,
     JobView,
-    RequirementSet,
     Server,
     TenantQuota,
 )
 from hopsmgr.core.planner import plan_round
 from hopsmgr.core.settings import SchedulerSettings
+from tests.helpers.builders import job_spec
 
 PROFILE = TimeProfile(tf_s=0.01, tb_s=0.02, tu_s=0.005, td_hit_s=0.002, td_miss_s=0.002)
 
 
 def job(jid: str, tenant: str, gpus: int = 1, submit: float = 0.0) -> JobSpec:
-    return JobSpec(jid, RequirementSet.rigid(gpus), 1e6, 32, tenant=tenant, submit_time=submit)
+    return job_spec(jid, (gpus,), tenant=tenant, submit=submit)
 
 
 def test_running_jobs_count_first_then_queued_by_priority() -> None:

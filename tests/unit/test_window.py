@@ -6,13 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hopsmgr.core.model import JobSpec, JobView, RequirementSet
+from hopsmgr.core.model import JobView
 from hopsmgr.core.window import mean_sensitivity, sensitivity_adjustment, service_window
-
-
-def view(job_id: str, minimum: int, *more: int) -> JobView:
-    reqs = RequirementSet.of((minimum, *more))
-    return JobView(JobSpec(job_id, reqs, total_samples=1e6, batch_size=32))
+from tests.helpers.builders import job_view
 
 
 def ids(views: list[JobView]) -> list[str]:
@@ -21,7 +17,13 @@ def ids(views: list[JobView]) -> list[str]:
 
 # --- service window -------------------------------------------------------------------------------------
 
-QUEUE = [view("a", 4, 8), view("b", 4), view("c", 2, 4), view("d", 8), view("e", 1)]  # minimums 4 4 2 8 1
+QUEUE = [
+    job_view("a", 4, 8),
+    job_view("b", 4),
+    job_view("c", 2, 4),
+    job_view("d", 8),
+    job_view("e", 1),
+]  # minimums 4 4 2 8 1
 
 
 @pytest.mark.parametrize(
@@ -56,7 +58,7 @@ def test_window_of_empty_queue() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 16), max_size=30), st.integers(0, 200))
 def test_window_is_the_shortest_head_that_reaches(minimums: list[int], gpus: int) -> None:
-    queue = [view(f"j{k}", m) for k, m in enumerate(minimums)]
+    queue = [job_view(f"j{k}", m) for k, m in enumerate(minimums)]
     window = service_window(queue, gpus)
     assert window == queue[: len(window)]
     total = sum(minimums[: len(window)])
@@ -71,27 +73,27 @@ def test_window_is_the_shortest_head_that_reaches(minimums: list[int], gpus: int
 
 
 def test_mean_sensitivity() -> None:
-    a, b = view("a", 1), view("b", 1)
+    a, b = job_view("a", 1), job_view("b", 1)
     assert mean_sensitivity([], {}) == 1.0
     assert mean_sensitivity([a, b], {"a": 3.0, "b": 1.0}) == 2.0
     assert mean_sensitivity([a, b], {"a": 3.0}) == 2.0  # unknown = 1.0
 
 
 def test_no_adjustment_when_window_is_not_more_sensitive() -> None:
-    queue = [view("w", 2), view("x", 1), view("y", 1)]
+    queue = [job_view("w", 2), job_view("x", 1), job_view("y", 1)]
     rho = {"w": 1.0, "x": 1.0, "y": 3.0}  # queue mean 5/3 > window mean 1
     assert ids(sensitivity_adjustment(queue[:1], queue, rho, idle_gpus=8)) == ["w"]
 
 
 def test_adjustment_adds_low_rho_jobs_that_fit_and_stops_once_the_mean_drops() -> None:
-    queue = [view("w", 2), view("a", 1), view("b", 1), view("h", 1), view("c", 1)]
+    queue = [job_view("w", 2), job_view("a", 1), job_view("b", 1), job_view("h", 1), job_view("c", 1)]
     rho = {"w": 2.0, "a": 1.0, "b": 1.0, "h": 3.0, "c": 1.0}  # queue mean 8/5 = 1.6
     # Window {w}: 2.0 > 1.6, add a -> mean 1.5 <= 1.6: stop; b and c stay out.
     assert ids(sensitivity_adjustment(queue[:1], queue, rho, idle_gpus=8)) == ["w", "a"]
 
 
 def test_adjustment_skips_jobs_that_do_not_fit_or_are_sensitive() -> None:
-    queue = [view("w", 2), view("big", 4), view("h", 1), view("a", 1), view("b", 2)]
+    queue = [job_view("w", 2), job_view("big", 4), job_view("h", 1), job_view("a", 1), job_view("b", 2)]
     rho = {"w": 3.0, "big": 1.0, "h": 2.5, "a": 1.0, "b": 1.0}  # queue mean 8.5/5 = 1.7
     # big does not fit 2 idle GPUs; h is above the queue mean; a (mean 2.0) and b (mean 5/3) are added.
     assert ids(sensitivity_adjustment(queue[:1], queue, rho, idle_gpus=2)) == ["w", "a", "b"]
@@ -102,7 +104,7 @@ def test_adjustment_skips_jobs_that_do_not_fit_or_are_sensitive() -> None:
 
 
 def test_adjustment_walks_nearest_the_boundary_first() -> None:
-    queue = [view("w", 1), view("near", 1), view("far", 1), view("z", 1)]
+    queue = [job_view("w", 1), job_view("near", 1), job_view("far", 1), job_view("z", 1)]
     rho = {"w": 5.0, "near": 1.0, "far": 1.0, "z": 1.0}  # queue mean 2.0; {w, near} mean 3.0; + far 7/3
     assert ids(sensitivity_adjustment(queue[:1], queue, rho, idle_gpus=1)) == ["w", "near", "far", "z"]
     rho2 = {"w": 2.5, "near": 1.0, "far": 1.0, "z": 1.5}  # queue mean 1.5; {w, near} 1.75; + far 1.5
@@ -116,7 +118,7 @@ def test_adjustment_walks_nearest_the_boundary_first() -> None:
     st.integers(0, 16),
 )
 def test_adjustment_properties(jobs: list[tuple[int, float]], cut: int, idle: int) -> None:
-    queue = [view(f"j{k}", m) for k, (m, _) in enumerate(jobs)]
+    queue = [job_view(f"j{k}", m) for k, (m, _) in enumerate(jobs)]
     rho = {f"j{k}": r for k, (_, r) in enumerate(jobs)}
     window = queue[: min(cut, len(queue))]
     result = sensitivity_adjustment(window, queue, rho, idle)

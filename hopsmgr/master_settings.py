@@ -1,0 +1,89 @@
+"""The master's own settings (TOML section [master]): where it listens, where it keeps state, timings.
+
+Parsed by hopsmgr.config like [scheduler]: every field below is a TOML key of the same name. Paths that
+are empty take defaults under `state_dir` (resolved by the master at start, not here).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EXECUTORS: tuple[str, ...] = ("local", "ssh")
+_LISTEN_RE = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+
+
+@dataclass(frozen=True, slots=True)
+class MasterSettings:
+    listen: str = "127.0.0.1:8470"
+    state_dir: str = ""  # default: ~/.local/state/hopsmgr (or --state-dir)
+    tls_cert: str = ""
+    tls_key: str = ""
+    insecure: bool = False  # allow a non-loopback address without TLS (logged loudly)
+    cluster_token_file: str = ""  # default: <state_dir>/cluster.token
+    executor: str = "local"
+    checkpoint_root: str = ""  # default: <state_dir>/checkpoints (a shared filesystem for local nodes)
+    # false = each node keeps checkpoints under its own work dir and the master copies the latest
+    # verified checkpoint to the next node over SFTP before a job resumes elsewhere
+    checkpoint_shared: bool = True
+    heartbeat_interval_s: float = 5.0
+    suspect_after_s: float = 15.0
+    lost_after_s: float = 60.0
+    stop_grace_s: float = 60.0  # how long a checkpoint-and-stop may take before the job is killed
+    log_tail_bytes: int = 4096
+    ssh_key: str = ""  # private key file for the SSH executor (default: ~/.ssh/id_ed25519)
+    known_hosts: str = ""  # host keys of the nodes (default: <state_dir>/known_hosts); never disabled
+    remote_python: str = "python3"  # interpreter on the nodes that has hopsmgr installed
+    ssh_connect_timeout_s: float = 10.0
+    ssh_keepalive_s: float = 15.0
+    ssh_max_channels: int = 8  # concurrent commands per node connection
+
+    def __post_init__(self) -> None:
+        def bad(name: str, reason: str) -> ValueError:
+            return ValueError(f"master.{name}: {reason}, got {getattr(self, name)!r}")
+
+        match = _LISTEN_RE.fullmatch(self.listen)
+        if match is None or not 0 <= int(match.group("port")) <= 65535:
+            raise bad("listen", "must be host:port with a port in [0, 65535]")
+        if self.executor not in EXECUTORS:
+            raise bad("executor", f"must be one of {', '.join(EXECUTORS)}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise bad("tls_cert", "tls_cert and tls_key must be given together")
+        if not isinstance(self.checkpoint_shared, bool):
+            raise bad("checkpoint_shared", "must be true or false")
+        if not self.heartbeat_interval_s > 0:
+            raise bad("heartbeat_interval_s", "must be > 0")
+        if not self.suspect_after_s > self.heartbeat_interval_s:
+            raise bad("suspect_after_s", "must be > heartbeat_interval_s")
+        if not self.lost_after_s > self.suspect_after_s:
+            raise bad("lost_after_s", "must be > suspect_after_s")
+        if not self.stop_grace_s > 0:
+            raise bad("stop_grace_s", "must be > 0")
+        if not 0 <= self.log_tail_bytes <= 1 << 20:
+            raise bad("log_tail_bytes", "must be in [0, 1048576]")
+        if not self.ssh_connect_timeout_s > 0:
+            raise bad("ssh_connect_timeout_s", "must be > 0")
+        if not self.ssh_keepalive_s > 0:
+            raise bad("ssh_keepalive_s", "must be > 0")
+        if not 1 <= self.ssh_max_channels <= 64:
+            raise bad("ssh_max_channels", "must be in [1, 64]")
+        if not self.remote_python.strip():
+            raise bad("remote_python", "must not be empty")
+
+    @property
+    def host(self) -> str:
+        host, _, _ = self.listen.rpartition(":")
+        return host.strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def loopback(self) -> bool:
+        return self.host in LOOPBACK_HOSTS or self.host.startswith("127.")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)

@@ -18,14 +18,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
 from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
-
-if TYPE_CHECKING:
-    from hopsmgr.core.planner import CandidateView, SolverStats, _Round
+from hopsmgr.core.plan import CandidateView, SolverStats
+from hopsmgr.core.program import (
+    RoundState,
+    build_exact_program,
+    explain_candidates,
+    job_value,
+    tenant_resources,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +70,29 @@ def _speed_key(server: Server) -> tuple[float, float, int, str]:
 
 
 def solve_by_classes(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     free: Mapping[ServerId, int],
     running: Mapping[JobId, Config],
     clock: Callable[[], float],
 ) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
-    from hopsmgr.core.planner import SolverStats, build_exact_program, explain_candidates
-
     t0 = clock()
     classes = build_classes(state.servers, free)
     options, meta = _class_program(state, jobs, window, classes, running)
     capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
-    from hopsmgr.core.planner import tenant_resources
-
     tenant_resources(state, jobs, capacity)
     t_build = clock()
     relaxed = ilp.solve(
         options,
         capacity,
         ilp.SolveOptions(
-            gap=state.settings.gap, time_limit_s=state.settings.time_limit_s, mip=False, timer=clock
+            gap=state.settings.gap,
+            time_limit_s=state.settings.time_limit_s,
+            mip=False,
+            timer=clock,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
         ),
     )
     t_class = clock()
@@ -96,19 +101,20 @@ def solve_by_classes(
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()
     warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
-    remaining = max(0.2, state.settings.time_limit_s - (t_cfg - t0))
     solution = ilp.solve(
         ex_options,
         ex_capacity,
         ilp.SolveOptions(
             gap=state.settings.gap,
-            time_limit_s=remaining,
+            time_limit_s=state.settings.time_limit_s,
             warm_start=warm,
             priority_order=tuple(range(len(jobs))),
             timer=clock,
             # The class answer is a heuristic already: proving the refinement optimal (rather than
             # within the gap) bought nothing measurable and cost half the simulator's solver time.
             exact_below=0,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
         ),
     )
     assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}
@@ -131,13 +137,24 @@ def solve_by_classes(
         bound=relaxed.bound,
         gap=None,
         proven=False,
-        fallback=solution.fallback,
+        fallback=_fallback(relaxed, solution),
     )
     return assignment, stats, explain_candidates(jobs, ex_options, ex_configs, state)
 
 
+def _fallback(relaxed: ilp.Solution, refined: ilp.Solution) -> str | None:
+    """What stood in for a solver answer: the class LP's failure (window jobs then only get the greedy
+    fill), the refinement's, or both."""
+    reasons = []
+    if relaxed.fallback is not None:
+        reasons.append(f"class LP: {relaxed.fallback}; window jobs placed by the greedy fill")
+    if refined.fallback is not None:
+        reasons.append(f"refinement: {refined.fallback}")
+    return "; ".join(reasons) or None
+
+
 def _refinement_scope(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     classes: Sequence[ServerClass],
     meta: Sequence[_ClassOption],
@@ -181,7 +198,7 @@ REFINE_BUDGET = 20_000
 
 
 def _class_program(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     classes: Sequence[ServerClass],
@@ -189,8 +206,6 @@ def _class_program(
 ) -> tuple[list[ilp.Option], list[_ClassOption]]:
     """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
     large-part slots. Running jobs also get their current configuration as a pinned option."""
-    from hopsmgr.core.planner import job_value
-
     class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
     options: list[ilp.Option] = []
     meta: list[_ClassOption] = []
@@ -250,15 +265,13 @@ def _class_program(
     return options, meta
 
 
-def _value_of(state: _Round, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
-    from hopsmgr.core.planner import job_value
-
+def _value_of(state: RoundState, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
     rate = state.estimator.config_rate(view.spec, config, state.servers) or 0.0
     return job_value(state, view, rate, moved=_moved(view.id, config, running))
 
 
 def _fill(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     free: Mapping[ServerId, int],
     assignment: dict[JobId, Config],
@@ -266,8 +279,6 @@ def _fill(
     running: Mapping[JobId, Config],
 ) -> None:
     """Offer the GPUs left idle to window jobs without a place, in priority order."""
-    from hopsmgr.core.planner import job_value
-
     left = dict(free)
     by_id = {v.id: v for v in jobs}
     tenant_left: dict[str, float] = {

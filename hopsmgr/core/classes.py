@@ -96,7 +96,7 @@ def solve_by_classes(
         ),
     )
     t_class = clock()
-    allowed = _refinement_scope(state, jobs, classes, meta, relaxed.support, free)
+    allowed = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
     restricted = {jid for jid in window if jid in allowed}
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()
@@ -156,6 +156,7 @@ def _fallback(relaxed: ilp.Solution, refined: ilp.Solution) -> str | None:
 def _refinement_scope(
     state: RoundState,
     jobs: Sequence[JobView],
+    window: set[JobId],
     classes: Sequence[ServerClass],
     meta: Sequence[_ClassOption],
     support: Mapping[int, tuple[int, ...]],
@@ -169,6 +170,15 @@ def _refinement_scope(
     classes (about a point lower, half the time). Numbers: docs/benchmarks.md.
     """
     type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    whole = sum(
+        len(servers) * len(view.spec.requirements.counts)
+        for view in jobs
+        if view.id in window
+        for servers in type_servers.values()
+    )
+    if whole <= SMALL_PROGRAM:
+        # Small enough to refine over everything: the class LP's support would only take options away.
+        return {view.id: type_servers for view in jobs if view.id in window}
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
     for item, chosen in support.items():
@@ -195,6 +205,7 @@ def _refinement_scope(
 
 
 REFINE_BUDGET = 20_000
+SMALL_PROGRAM = 4_000
 
 
 def _class_program(

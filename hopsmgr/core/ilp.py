@@ -175,6 +175,8 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
             rounded = _round(options, capacity, lp_values, order)
             if objective_of(options, rounded) >= objective_of(options, best):
                 best, method = rounded, "lp-round"
+            else:
+                method = "greedy+lp"  # the greedy plan beat the rounding: a solver answer, not a fallback
             proven = bound <= 0 or objective_of(options, best) >= bound * (1 - opts.gap) - 1e-9
             if opts.mip and not proven:
                 repaired = _fix_and_resolve(options, capacity, lp_values, order, opts, end, timer, spent)
@@ -200,17 +202,17 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
                 and objective_of(options, mip_choice) >= objective_of(options, best) - 1e-9
             ):
                 best, method = mip_choice, "mip"
-            # The pool lost only options that cannot beat the incumbent: optimal on it is optimal overall.
-            proven = mip.status == "optimal" and method == "mip"
+            # The pool lost only options that cannot beat the incumbent: optimal on it is optimal overall
+            # (and the plan kept is at least as good as CBC's).
+            proven = mip.status == "optimal"
         elif method == "greedy":
             fallback = "solver returned no feasible plan in time; greedy in priority order"
     elif not usable:
         proven = True
     if method == "greedy" and fallback is None and not proven:
-        if timed_out:
-            fallback = "CBC stopped at the deadline without a better plan; greedy in priority order"
-        else:
-            fallback = "no solver answer within the time limit; greedy in priority order"
+        fallback = "no solver answer within the time limit; greedy in priority order"
+    if fallback is not None and timed_out:
+        fallback = f"{fallback} (CBC stopped at the deadline)"
     total = timer() - t0
     return Solution(
         choice=best,

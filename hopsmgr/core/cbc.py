@@ -22,6 +22,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pulp.apis.coin_api import pulp_cbc_path
+
 # After SIGINT, CBC writes its incumbent within milliseconds; a stuck process is killed after this.
 _GRACE_S = 0.15
 
@@ -39,8 +41,6 @@ class CbcResult:
 
 def bundled_path() -> str:
     """The CBC binary bundled with PuLP 3.x."""
-    from pulp.apis.coin_api import pulp_cbc_path
-
     return str(pulp_cbc_path)
 
 

@@ -97,7 +97,10 @@ def solve_by_classes(
     )
     t_class = clock()
     allowed = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
-    restricted = {jid for jid in window if jid in allowed}
+    late = state.deadline is not None and t_class >= state.deadline
+    # Past the deadline already: no refinement (its configurations alone take seconds at scale); running
+    # jobs keep what they hold and the fill places window jobs greedily.
+    restricted = set() if late else {jid for jid in window if jid in allowed}
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()
     warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
@@ -119,7 +122,7 @@ def solve_by_classes(
     )
     assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}
     t_solve = clock()
-    _fill(state, jobs, free, assignment, window, running)
+    _fill(state, jobs, free, assignment, window, running, clock)
     t_map = clock()
     objective = sum(
         _value_of(state, view, assignment[view.id], running) for view in jobs if view.id in assignment
@@ -137,17 +140,19 @@ def solve_by_classes(
         bound=relaxed.bound,
         gap=None,
         proven=False,
-        fallback=_fallback(relaxed, solution),
+        fallback=_fallback(relaxed, solution, late),
     )
     return assignment, stats, explain_candidates(jobs, ex_options, ex_configs, state)
 
 
-def _fallback(relaxed: ilp.Solution, refined: ilp.Solution) -> str | None:
+def _fallback(relaxed: ilp.Solution, refined: ilp.Solution, late: bool) -> str | None:
     """What stood in for a solver answer: the class LP's failure (window jobs then only get the greedy
-    fill), the refinement's, or both."""
+    fill), no time left for the refinement, the refinement's own fallback."""
     reasons = []
     if relaxed.fallback is not None:
         reasons.append(f"class LP: {relaxed.fallback}; window jobs placed by the greedy fill")
+    elif late:
+        reasons.append("deadline reached before the refinement; window jobs placed by the greedy fill")
     if refined.fallback is not None:
         reasons.append(f"refinement: {refined.fallback}")
     return "; ".join(reasons) or None
@@ -288,8 +293,13 @@ def _fill(
     assignment: dict[JobId, Config],
     window: set[JobId],
     running: Mapping[JobId, Config],
+    clock: Callable[[], float],
 ) -> None:
-    """Offer the GPUs left idle to window jobs without a place, in priority order."""
+    """Offer the GPUs left idle to window jobs without a place, in priority order (until the deadline).
+
+    A job is offered single-server configurations first; spanning ones only when none fits (generating
+    and estimating every spanning configuration for hundreds of jobs cost seconds at 4,096 GPUs)."""
+    end = None if state.deadline is None else state.deadline + min(0.1 * state.settings.time_limit_s, 0.5)
     left = dict(free)
     by_id = {v.id: v for v in jobs}
     tenant_left: dict[str, float] = {
@@ -309,13 +319,17 @@ def _fill(
         room = min(float(sum(left.values())), tenant_left.get(view.spec.tenant, math.inf))
         if room < view.spec.requirements.minimum:
             continue
+        if end is not None and clock() >= end:
+            break
         here = {s: n for s, n in left.items() if n > 0}
         by_type = config_gen.group_by_type((state.servers[s] for s in here), here)
-        span = config_gen.may_span(
-            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
-        )
-        candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, span)
+        candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, False)
         candidates = [c for c in candidates if c.config.gpus <= room]
+        if not candidates and config_gen.may_span(
+            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+        ):
+            candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, True)
+            candidates = [c for c in candidates if c.config.gpus <= room]
         if not candidates:
             continue
         best = max(

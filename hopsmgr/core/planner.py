@@ -75,22 +75,37 @@ def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> Priorit
     )
 
 
-def unplaceable_reason(job: JobSpec, servers: Iterable[Server], estimator: Estimator) -> str | None:
-    """Why `job` can never run on these servers (whatever else runs), or None if it can."""
-    servers = list(servers)
-    if not servers:
+def unplaceable_reason(
+    job: JobSpec,
+    servers: Iterable[Server],
+    estimator: Estimator,
+    type_gpus: Mapping[GpuType, int] | None = None,
+) -> str | None:
+    """Why `job` can never run on these servers (whatever else runs), or None if it can.
+
+    `type_gpus` (GPUs of `servers` per type) may be passed when asking for many jobs at once."""
+    if type_gpus is None:
+        type_gpus = _gpus_per_type(servers)
+    if not type_gpus:
         return "no server is available"
     profiled = estimator.profiled_types(job.id)
-    known = [s for s in servers if s.gpu_type in profiled]
+    known = [t for t in type_gpus if t in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
-    total = sum(s.gpus for s in known)
+    total = sum(type_gpus[t] for t in known)
     if job.requirements.minimum > total:
         return (
             f"smallest requirement {job.requirements.minimum} GPUs exceeds the {total} GPUs of the "
             "profiled, available servers"
         )
     return None
+
+
+def _gpus_per_type(servers: Iterable[Server]) -> dict[GpuType, int]:
+    totals: dict[GpuType, int] = {}
+    for s in servers:
+        totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
+    return totals
 
 
 def profiling_runs(
@@ -166,8 +181,9 @@ def _plan(
         weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]
     unplaceable: dict[JobId, str] = {}
+    type_gpus = _gpus_per_type(usable_servers)
     for view in ordered:
-        reason = unplaceable_reason(view.spec, usable_servers, estimator)
+        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus)
         if reason is not None:
             unplaceable[view.id] = reason
     placeable = [v for v in ordered if v.id not in unplaceable]

@@ -15,7 +15,7 @@ plans). Otherwise the LP relaxation (its value is an upper bound), rounded to an
 and improved greedily; if the rounded plan is within the relative gap of the bound it is proven good
 enough and returned. Otherwise CBC runs the MIP, warm-started from the rounded plan. No CBC run goes
 past the deadline (`SolveOptions.deadline`, and `time_limit_s` from the call): hot programs are written
-as MPS straight from the options and CBC is stopped from outside at the deadline (hopsmgr.core.cbc); the
+as MPS straight from the options and CBC is stopped from outside at the deadline (hopsmgr.cbc); the
 best incumbent so far is kept. An answer is "proven" only when CBC says optimal or the rounding meets
 the gap; when no solver answer is usable the plan falls back to greedy priority order and says so. The
 caller injects `timer` (a monotonic clock): the core reads no clock of its own.
@@ -27,7 +27,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from hopsmgr.core import cbc
+from pulp.apis.coin_api import pulp_cbc_path
+
+from hopsmgr import cbc
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +363,7 @@ def _run(
         gap=opts.gap,
         budget_s=budget_s,
         warm_start=warm,
-        path=opts.cbc_path,
+        path=opts.cbc_path or str(pulp_cbc_path),
         timer=opts.timer,
     )
     if spent is not None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.core import cbc, ilp
+from hopsmgr import cbc
+from hopsmgr.core import ilp
 from hopsmgr.core.ilp import Option, SolveOptions
 from hopsmgr.core.planner import plan_fragments, plan_round
 from hopsmgr.core.scenario import busy_instance

@@ -1,13 +1,15 @@
 """Hand a 0/1 program to the CBC binary and read its answer back, within a hard wall-clock budget.
 
-The only I/O of the core: the program is written as a fixed-format MPS file straight from its columns
+The one I/O the pure core (hopsmgr.core) is allowed, kept outside it so the core's modules import no
+os/subprocess (tests/unit/test_core_purity.py): hopsmgr.core.ilp calls `run` with the CBC binary PuLP
+bundles. The program is written as a fixed-format MPS file straight from its columns
 (no PuLP objects: at thousands of variables PuLP's build and MPS writer cost more than CBC's solve),
 CBC runs as a subprocess in a session of its own, and the solution file is parsed. CBC's own `-sec`
 limit is not a deadline (reading, preprocessing and the root LP are not interrupted), so the caller's
 budget is enforced here: at the budget CBC gets SIGINT (it then stops and writes its incumbent), and a
 moment later the whole process group is killed. Whatever solution file exists is read.
 
-The binary is the one PuLP bundles unless a path is given (tests point it at a stalling fake).
+The caller names the binary (hopsmgr.core.ilp: PuLP's bundled CBC, or the `cbc_path` setting).
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from pulp.apis.coin_api import pulp_cbc_path
-
 # After SIGINT, CBC writes its incumbent within milliseconds; a stuck process is killed after this.
 _GRACE_S = 0.15
 
@@ -37,11 +37,6 @@ class CbcResult:
     reduced_costs: list[float] = field(default_factory=list)
     killed: bool = False  # the budget ran out and CBC was stopped from outside
     write_s: float = 0.0  # time spent writing the program (on the caller's timer)
-
-
-def bundled_path() -> str:
-    """The CBC binary bundled with PuLP 3.x."""
-    return str(pulp_cbc_path)
 
 
 def write_mps(path: str, columns: Sequence[Column], rhs: Sequence[float], integer: bool) -> None:
@@ -109,7 +104,7 @@ def run(
     gap: float,
     budget_s: float,
     warm_start: Sequence[int] = (),
-    path: str | None = None,
+    path: str,
     timer: Callable[[], float] | None = None,
 ) -> CbcResult:
     """Solve with CBC within `budget_s` wall seconds (hard): the answer, an incumbent, or "none"."""
@@ -122,7 +117,7 @@ def run(
         mps = os.path.join(workdir, "p.mps")
         sol = os.path.join(workdir, "p.sol")
         write_mps(mps, columns, rhs, integer)
-        args = [path or bundled_path(), mps]
+        args = [path, mps]
         if integer and warm_start:
             mst = os.path.join(workdir, "p.mst")
             chosen = set(warm_start)

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"round {r}: {wall:.3f}s  model={s.model} method={s.method} vars={s.variables} "
             f"config={s.config_s:.3f}s build={s.build_s:.3f}s solve={s.solve_s:.3f}s map={s.map_s:.3f}s "
-            f"objective={s.objective:.2f} gap={s.gap} proven={s.proven} idle={plan.idle_gpus}",
+            f"objective={s.objective:.2f} bound={s.bound} gap={s.gap} proven={s.proven} idle={plan.idle_gpus} "
+            f"fallback={s.fallback}",
             flush=True,
         )
     ours = rows[0][1].objective
@@ -100,7 +101,17 @@ def main(argv: list[str] | None = None) -> int:
         "build_p95_s": percentile([s.build_s for _, s in rows], 95),
         "solve_p50_s": statistics.median(s.solve_s for _, s in rows),
         "solve_p95_s": percentile([s.solve_s for _, s in rows], 95),
+        "map_p50_s": statistics.median(s.map_s for _, s in rows),
         "variables": int(statistics.median(s.variables for _, s in rows)),
+        "fallback_fraction": sum(1 for _, s in rows if s.fallback is not None) / len(rows),
+        "methods": ",".join(s.method for _, s in rows),
+        # The solve's own LP bound: the class LP's value for the class model (valued at each class's
+        # median server, so not a rigorous bound), the LP relaxation for the exact model.
+        "lp_bound": rows[0][1].bound,
+        "objective_vs_lp_bound": (ours / rows[0][1].bound) if rows[0][1].bound else None,
+        "objective_vs_lp_bound_p50": statistics.median(s.objective / s.bound for _, s in rows if s.bound)
+        if any(s.bound for _, s in rows)
+        else None,
         "model": rows[0][1].model,
         "proven_optimal_fraction": sum(1 for _, s in rows if s.proven) / len(rows),
         "objective": ours,

@@ -18,14 +18,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
 from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
-
-if TYPE_CHECKING:
-    from hopsmgr.core.planner import CandidateView, SolverStats, _Round
+from hopsmgr.core.plan import CandidateView, SolverStats
+from hopsmgr.core.program import (
+    RoundState,
+    build_exact_program,
+    explain_candidates,
+    job_value,
+    tenant_resources,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,54 +70,59 @@ def _speed_key(server: Server) -> tuple[float, float, int, str]:
 
 
 def solve_by_classes(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     free: Mapping[ServerId, int],
     running: Mapping[JobId, Config],
     clock: Callable[[], float],
 ) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
-    from hopsmgr.core.planner import SolverStats, build_exact_program, explain_candidates
-
     t0 = clock()
     classes = build_classes(state.servers, free)
     options, meta = _class_program(state, jobs, window, classes, running)
     capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
-    from hopsmgr.core.planner import tenant_resources
-
     tenant_resources(state, jobs, capacity)
     t_build = clock()
     relaxed = ilp.solve(
         options,
         capacity,
         ilp.SolveOptions(
-            gap=state.settings.gap, time_limit_s=state.settings.time_limit_s, mip=False, timer=clock
+            gap=state.settings.gap,
+            time_limit_s=state.settings.time_limit_s,
+            mip=False,
+            timer=clock,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
         ),
     )
     t_class = clock()
-    allowed = _refinement_scope(state, jobs, classes, meta, relaxed.support, free)
-    restricted = {jid for jid in window if jid in allowed}
+    allowed = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
+    late = state.deadline is not None and t_class >= state.deadline
+    # Past the deadline already: no refinement (its configurations alone take seconds at scale); running
+    # jobs keep what they hold and the fill places window jobs greedily.
+    restricted = set() if late else {jid for jid in window if jid in allowed}
     ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
     t_cfg = clock()
     warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
-    remaining = max(0.2, state.settings.time_limit_s - (t_cfg - t0))
     solution = ilp.solve(
         ex_options,
         ex_capacity,
         ilp.SolveOptions(
             gap=state.settings.gap,
-            time_limit_s=remaining,
+            time_limit_s=state.settings.time_limit_s,
             warm_start=warm,
             priority_order=tuple(range(len(jobs))),
             timer=clock,
             # The class answer is a heuristic already: proving the refinement optimal (rather than
             # within the gap) bought nothing measurable and cost half the simulator's solver time.
             exact_below=0,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
         ),
     )
     assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}
     t_solve = clock()
-    _fill(state, jobs, free, assignment, window, running)
+    _fill(state, jobs, free, assignment, window, running, clock)
     t_map = clock()
     objective = sum(
         _value_of(state, view, assignment[view.id], running) for view in jobs if view.id in assignment
@@ -131,14 +140,28 @@ def solve_by_classes(
         bound=relaxed.bound,
         gap=None,
         proven=False,
-        fallback=solution.fallback,
+        fallback=_fallback(relaxed, solution, late),
     )
     return assignment, stats, explain_candidates(jobs, ex_options, ex_configs, state)
 
 
+def _fallback(relaxed: ilp.Solution, refined: ilp.Solution, late: bool) -> str | None:
+    """What stood in for a solver answer: the class LP's failure (window jobs then only get the greedy
+    fill), no time left for the refinement, the refinement's own fallback."""
+    reasons = []
+    if relaxed.fallback is not None:
+        reasons.append(f"class LP: {relaxed.fallback}; window jobs placed by the greedy fill")
+    elif late:
+        reasons.append("deadline reached before the refinement; window jobs placed by the greedy fill")
+    if refined.fallback is not None:
+        reasons.append(f"refinement: {refined.fallback}")
+    return "; ".join(reasons) or None
+
+
 def _refinement_scope(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
+    window: set[JobId],
     classes: Sequence[ServerClass],
     meta: Sequence[_ClassOption],
     support: Mapping[int, tuple[int, ...]],
@@ -152,6 +175,15 @@ def _refinement_scope(
     classes (about a point lower, half the time). Numbers: docs/benchmarks.md.
     """
     type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    whole = sum(
+        len(servers) * len(view.spec.requirements.counts)
+        for view in jobs
+        if view.id in window
+        for servers in type_servers.values()
+    )
+    if whole <= SMALL_PROGRAM:
+        # Small enough to refine over everything: the class LP's support would only take options away.
+        return {view.id: type_servers for view in jobs if view.id in window}
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
     for item, chosen in support.items():
@@ -178,10 +210,11 @@ def _refinement_scope(
 
 
 REFINE_BUDGET = 20_000
+SMALL_PROGRAM = 4_000
 
 
 def _class_program(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     classes: Sequence[ServerClass],
@@ -189,8 +222,6 @@ def _class_program(
 ) -> tuple[list[ilp.Option], list[_ClassOption]]:
     """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
     large-part slots. Running jobs also get their current configuration as a pinned option."""
-    from hopsmgr.core.planner import job_value
-
     class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
     options: list[ilp.Option] = []
     meta: list[_ClassOption] = []
@@ -250,24 +281,25 @@ def _class_program(
     return options, meta
 
 
-def _value_of(state: _Round, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
-    from hopsmgr.core.planner import job_value
-
+def _value_of(state: RoundState, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
     rate = state.estimator.config_rate(view.spec, config, state.servers) or 0.0
     return job_value(state, view, rate, moved=_moved(view.id, config, running))
 
 
 def _fill(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     free: Mapping[ServerId, int],
     assignment: dict[JobId, Config],
     window: set[JobId],
     running: Mapping[JobId, Config],
+    clock: Callable[[], float],
 ) -> None:
-    """Offer the GPUs left idle to window jobs without a place, in priority order."""
-    from hopsmgr.core.planner import job_value
+    """Offer the GPUs left idle to window jobs without a place, in priority order (until the deadline).
 
+    A job is offered single-server configurations first; spanning ones only when none fits (generating
+    and estimating every spanning configuration for hundreds of jobs cost seconds at 4,096 GPUs)."""
+    end = None if state.deadline is None else state.deadline + min(0.1 * state.settings.time_limit_s, 0.5)
     left = dict(free)
     by_id = {v.id: v for v in jobs}
     tenant_left: dict[str, float] = {
@@ -287,13 +319,17 @@ def _fill(
         room = min(float(sum(left.values())), tenant_left.get(view.spec.tenant, math.inf))
         if room < view.spec.requirements.minimum:
             continue
+        if end is not None and clock() >= end:
+            break
         here = {s: n for s, n in left.items() if n > 0}
         by_type = config_gen.group_by_type((state.servers[s] for s in here), here)
-        span = config_gen.may_span(
-            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
-        )
-        candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, span)
+        candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, False)
         candidates = [c for c in candidates if c.config.gpus <= room]
+        if not candidates and config_gen.may_span(
+            view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+        ):
+            candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, True)
+            candidates = [c for c in candidates if c.config.gpus <= room]
         if not candidates:
             continue
         best = max(

@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import Config, GpuType, JobSpec, Server, ServerId
 
 

@@ -469,7 +469,11 @@ class Estimator:
     @staticmethod
     def _theory(batch: int, params: float, server: Server, gpus: int, n: int, entry: _ProfileEntry) -> float:
         cal, ref = server.calibration, entry.measured_on
-        tc = allreduce_time(params, gpus, n, cal.link_gbps, cal.net_gbps)
+        # allreduce_time without its argument checks: shapes are checked on entry, calibrations on creation.
+        if n > 1:
+            tc = params / (cal.net_gbps * 1e9)
+        else:
+            tc = params / (cal.link_gbps * 1e9) * (gpus - 1) / gpus
         scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
         return batch / _iteration_time(entry.effective, tc, scale_c, scale_d)
 
@@ -486,7 +490,8 @@ class Estimator:
         return theory
 
     def _fill(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int) -> _Cached:
-        _require_shape(gpus_here, n_servers)
+        if not (type(gpus_here) is int and type(n_servers) is int and gpus_here >= 1 and n_servers >= 1):
+            _require_shape(gpus_here, n_servers)  # raises with the message naming the bad value
         self._specs[job.id] = (job.batch_size, job.params_bytes)
         rate, layer = self._resolve(job, server, gpus_here, n_servers)
         cached: _Cached = (server, job.batch_size, job.params_bytes, rate, layer)

@@ -1,4 +1,4 @@
-"""The prior-weighted assignment program, solved with CBC through PuLP.
+"""The prior-weighted assignment program, solved with CBC (the binary PuLP bundles).
 
 The planner states a round as items (jobs) with options (configurations), each option carrying its
 objective value ((prio + bias)^lambda * G, restart penalty applied) and the resources it uses (GPUs on
@@ -13,10 +13,12 @@ Strategy, cheapest first: if every item's most valuable option fits beside the o
 optimum and no solver runs ("uncontended": most rounds of a lightly loaded cluster, and many fragment
 plans). Otherwise the LP relaxation (its value is an upper bound), rounded to an integer plan
 and improved greedily; if the rounded plan is within the relative gap of the bound it is proven good
-enough and returned. Otherwise CBC runs the MIP, warm-started from the rounded plan, under a time limit
-that respects the caller's deadline. An answer is "proven" only when CBC says so in `sol_status` or the
-rounding meets the gap; when no solver answer is usable the plan falls back to greedy priority order and
-says so. The caller injects `timer` (a monotonic clock): the core reads no clock of its own.
+enough and returned. Otherwise CBC runs the MIP, warm-started from the rounded plan. No CBC run goes
+past the deadline (`SolveOptions.deadline`, and `time_limit_s` from the call): hot programs are written
+as MPS straight from the options and CBC is stopped from outside at the deadline (hopsmgr.cbc); the
+best incumbent so far is kept. An answer is "proven" only when CBC says optimal or the rounding meets
+the gap; when no solver answer is usable the plan falls back to greedy priority order and says so. The
+caller injects `timer` (a monotonic clock): the core reads no clock of its own.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import pulp
 from pulp.apis.coin_api import pulp_cbc_path
+
+from hopsmgr import cbc
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,8 @@ class SolveOptions:
     priority_order: tuple[int, ...] = ()
     timer: Callable[[], float] | None = None
     exact_below: int = 3000  # programs this small are solved to optimality whatever `gap` says
+    deadline: float | None = None  # on `timer`'s scale: no solver runs past it (nor past time_limit_s)
+    cbc_path: str | None = None  # the CBC binary (default: the one PuLP bundles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,7 @@ class Solution:
     build_s: float
     solve_s: float
     support: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    timed_out: bool = False  # a CBC run was stopped at the deadline
 
     @property
     def gap(self) -> float | None:
@@ -123,6 +129,7 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
     """Solve the program; see the module docstring for the strategy."""
     timer = opts.timer or (lambda: 0.0)
     t0 = timer()
+    end = t0 + opts.time_limit_s if opts.deadline is None else min(opts.deadline, t0 + opts.time_limit_s)
     items = sorted({o.item for o in options})
     order = list(opts.priority_order) or items
     if not options:
@@ -147,23 +154,22 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         )
     if len(usable) <= opts.exact_below:
         opts = replace(opts, gap=0.0)
-    build_s = 0.0
     bound: float | None = None
     best = greedy(options, capacity, order, start=_valid_start(options, opts.warm_start))
     method = "greedy"
     proven = False
     fallback: str | None = None
     support: dict[int, tuple[int, ...]] = {}
+    timed_out = False
+    spent = [0.0]  # time writing programs (build_s)
 
     mip_pool = usable
     if opts.lp_first and usable:
-        tb = timer()
-        problem, xs = _build(options, capacity, usable, relax=True)
-        build_s += timer() - tb
-        status = _run(problem, opts, relax=True, time_limit=opts.time_limit_s)
-        if status == pulp.LpSolutionOptimal:
-            lp_values = {usable[k]: (xs[k].value() or 0.0) for k in range(len(usable))}
-            reduced_cost = {usable[k]: float(xs[k].dj or 0.0) for k in range(len(usable))}
+        lp = _run(options, capacity, usable, True, opts, end - timer(), spent=spent)
+        timed_out |= lp.killed
+        if lp.status == "optimal":
+            lp_values = {o: lp.values[k] for k, o in enumerate(usable)}
+            reduced_cost = {o: lp.reduced_costs[k] for k, o in enumerate(usable)}
             bound = sum(options[o].value * v for o, v in lp_values.items())
             for o, v in sorted(lp_values.items(), key=lambda kv: -kv[1]):
                 if v > 1e-6:
@@ -171,9 +177,11 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
             rounded = _round(options, capacity, lp_values, order)
             if objective_of(options, rounded) >= objective_of(options, best):
                 best, method = rounded, "lp-round"
+            else:
+                method = "greedy+lp"  # the greedy plan beat the rounding: a solver answer, not a fallback
             proven = bound <= 0 or objective_of(options, best) >= bound * (1 - opts.gap) - 1e-9
             if opts.mip and not proven:
-                repaired = _fix_and_resolve(options, capacity, lp_values, order, opts, t0, timer)
+                repaired = _fix_and_resolve(options, capacity, lp_values, order, opts, end, timer, spent)
                 if repaired is not None and objective_of(options, repaired) > objective_of(options, best):
                     best, method = repaired, "lp-fix"
             incumbent = objective_of(options, best)
@@ -184,29 +192,29 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
                 o for o in usable if lp_values[o] > 1e-6 or bound + reduced_cost[o] >= incumbent - 1e-9
             ]
 
-    remaining = opts.time_limit_s - (timer() - t0)
+    remaining = end - timer()
     if opts.mip and mip_pool and not proven and remaining > 0.05:
-        tb = timer()
-        problem, xs = _build(options, capacity, mip_pool, relax=False)
-        for k, o in enumerate(mip_pool):
-            xs[k].setInitialValue(1.0 if best.get(options[o].item) == o else 0.0)
-        build_s += timer() - tb
-        status = _run(problem, opts, relax=False, time_limit=max(0.1, opts.time_limit_s - (timer() - t0)))
-        if status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            mip_choice = {options[o].item: o for k, o in enumerate(mip_pool) if (xs[k].value() or 0.0) > 0.5}
+        warm = [k for k, o in enumerate(mip_pool) if best.get(options[o].item) == o]
+        mip = _run(options, capacity, mip_pool, False, opts, remaining, warm, spent)
+        timed_out |= mip.killed
+        if mip.status in ("optimal", "feasible"):
+            mip_choice = {options[o].item: o for k, o in enumerate(mip_pool) if mip.values[k] > 0.5}
             if (
                 is_feasible(options, capacity, mip_choice)
                 and objective_of(options, mip_choice) >= objective_of(options, best) - 1e-9
             ):
                 best, method = mip_choice, "mip"
-            # The pool lost only options that cannot beat the incumbent: optimal on it is optimal overall.
-            proven = status == pulp.LpSolutionOptimal
+            # The pool lost only options that cannot beat the incumbent: optimal on it is optimal overall
+            # (and the plan kept is at least as good as CBC's).
+            proven = mip.status == "optimal"
         elif method == "greedy":
             fallback = "solver returned no feasible plan in time; greedy in priority order"
     elif not usable:
         proven = True
     if method == "greedy" and fallback is None and not proven:
         fallback = "no solver answer within the time limit; greedy in priority order"
+    if fallback is not None and timed_out:
+        fallback = f"{fallback} (CBC stopped at the deadline)"
     total = timer() - t0
     return Solution(
         choice=best,
@@ -217,9 +225,10 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         fallback=fallback,
         variables=len(usable),
         constraints=len(capacity) + len(items),
-        build_s=build_s,
-        solve_s=max(0.0, total - build_s),
+        build_s=spent[0],
+        solve_s=max(0.0, total - spent[0]),
         support=support,
+        timed_out=timed_out,
     )
 
 
@@ -287,8 +296,9 @@ def _fix_and_resolve(
     lp_values: dict[int, float],
     order: Sequence[int],
     opts: SolveOptions,
-    t0: float,
+    end: float,
     timer: Callable[[], float],
+    spent: list[float],
 ) -> dict[int, int] | None:
     """Keep the LP's integral choices, then solve the small MIP of the remaining items exactly.
 
@@ -304,69 +314,58 @@ def _fix_and_resolve(
     residual = [k for k, o in enumerate(options) if o.item not in fixed and o.value > 0 and _fits(o, free)]
     if not residual:
         return fixed
-    remaining = opts.time_limit_s - (timer() - t0)
+    remaining = end - timer()
     if remaining <= 0.05:
         return greedy(options, capacity, order, start=fixed)
-    problem, xs = _build(options, free, residual, relax=False)
     # The residual program is small: solve it tighter than the caller's gap.
-    status = _run(problem, replace(opts, gap=opts.gap / 10), relax=False, time_limit=remaining)
+    result = _run(options, free, residual, False, replace(opts, gap=opts.gap / 10), remaining, (), spent)
     choice = dict(fixed)
-    if status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+    if result.status in ("optimal", "feasible"):
         for k, o in enumerate(residual):
-            if (xs[k].value() or 0.0) > 0.5:
+            if result.values[k] > 0.5:
                 choice[options[o].item] = o
     if not is_feasible(options, capacity, choice):
         return None
     return greedy(options, capacity, order, start=choice)
 
 
-def _build(
-    options: Sequence[Option], capacity: Sequence[float], usable: Sequence[int], relax: bool
-) -> tuple[pulp.LpProblem, list[pulp.LpVariable]]:
-    problem = pulp.LpProblem("hops", pulp.LpMaximize)
-    cat = pulp.LpContinuous if relax else pulp.LpBinary
-    xs = [problem.add_variable(f"x{k}", 0, 1, cat) for k in range(len(usable))]
-    problem.setObjective(pulp.LpAffineExpression([(xs[k], options[o].value) for k, o in enumerate(usable)]))
-    per_item: dict[int, list[pulp.LpVariable]] = {}
-    per_resource: dict[int, dict[int, float]] = {}
-    for k, o in enumerate(usable):
-        per_item.setdefault(options[o].item, []).append(xs[k])
-        for r, amount in options[o].uses:
-            column = per_resource.setdefault(r, {})
-            column[k] = column.get(k, 0.0) + amount  # merge repeats: PuLP keeps only the last pair
-    for item, vars_ in per_item.items():
-        if len(vars_) > 1:
-            problem.addConstraint(
-                pulp.LpConstraint(
-                    pulp.LpAffineExpression([(v, 1.0) for v in vars_]), pulp.LpConstraintLE, f"one{item}", 1.0
-                )
-            )
-    for r, column in per_resource.items():
-        problem.addConstraint(
-            pulp.LpConstraint(
-                pulp.LpAffineExpression([(xs[k], a) for k, a in column.items()]),
-                pulp.LpConstraintLE,
-                f"cap{r}",
-                float(capacity[r]),
-            )
-        )
-    return problem, xs
-
-
-def _run(problem: pulp.LpProblem, opts: SolveOptions, relax: bool, time_limit: float) -> int:
-    # No `threads` option: CBC's threaded search (even with one thread) was seen to idle until the time
-    # limit on tiny programs.
-    solver = pulp.COIN_CMD(
-        path=pulp_cbc_path,
-        msg=False,
-        mip=not relax,
-        timeLimit=max(1, math.ceil(time_limit)),
-        gapRel=opts.gap,
-        warmStart=not relax,
-        options=[] if relax else ["preprocess off"],
+def _run(
+    options: Sequence[Option],
+    capacity: Sequence[float],
+    pool: Sequence[int],
+    relax: bool,
+    opts: SolveOptions,
+    budget_s: float,
+    warm: Sequence[int] = (),
+    spent: list[float] | None = None,
+) -> cbc.CbcResult:
+    """The program restricted to the options in `pool` (column k = options[pool[k]]), solved by CBC."""
+    per_item: dict[int, int] = {}
+    for o in pool:
+        per_item[options[o].item] = per_item.get(options[o].item, 0) + 1
+    item_row: dict[int, int] = {}
+    for item, n in per_item.items():
+        if n > 1:
+            item_row[item] = len(capacity) + len(item_row)
+    rhs = [float(c) for c in capacity] + [1.0] * len(item_row)
+    columns: list[cbc.Column] = []
+    for o in pool:
+        option = options[o]
+        entries = list(option.uses)  # already one entry per resource (Option merges repeats)
+        row = item_row.get(option.item)
+        if row is not None:
+            entries.append((row, 1.0))
+        columns.append((option.value, entries))
+    result = cbc.run(
+        columns,
+        rhs,
+        integer=not relax,
+        gap=opts.gap,
+        budget_s=budget_s,
+        warm_start=warm,
+        path=opts.cbc_path or str(pulp_cbc_path),
+        timer=opts.timer,
     )
-    try:
-        problem.solve(solver)
-    except pulp.PulpSolverError:
-        return pulp.LpSolutionNoSolutionFound
-    return int(problem.sol_status)
+    if spent is not None:
+        spent[0] += result.write_s
+    return result

@@ -15,95 +15,49 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp, quota
-from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.plan import CandidateView, JobExplain, Plan, PlanKind, ProfilingRun, SolverStats
 from hopsmgr.core.priority import PriorityContext, ilp_weights, order_queue, priority_values
+from hopsmgr.core.program import (
+    RoundState,
+    build_exact_program,
+    explain_candidates,
+    fits_capacity,
+    job_value,
+    restart_factor,
+    tenant_resources,
+)
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.core.window import sensitivity_adjustment, service_window
 
 Timer = Callable[[], float]
-PlanKind = Literal["first", "fragment"]
 
-
-@dataclass(frozen=True, slots=True)
-class ProfilingRun:
-    job_id: JobId
-    server_id: ServerId
-    gpu_type: GpuType
-
-
-@dataclass(frozen=True, slots=True)
-class SolverStats:
-    method: str = "none"
-    model: str = "none"
-    variables: int = 0
-    constraints: int = 0
-    config_s: float = 0.0
-    build_s: float = 0.0
-    solve_s: float = 0.0
-    map_s: float = 0.0
-    total_s: float = 0.0
-    objective: float = 0.0
-    bound: float | None = None
-    gap: float | None = None
-    proven: bool = True
-    fallback: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CandidateView:
-    config: str
-    rate: float
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class JobExplain:
-    position: int
-    priority: float
-    weight: float
-    in_window: bool
-    sensitivity: float
-    may_span: bool
-    candidates: tuple[CandidateView, ...] = ()
-    chosen: str | None = None
-    note: str = ""  # why the job was not a candidate of the program, when it was not
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    kind: PlanKind
-    now: float
-    assignments: dict[JobId, Config]
-    window: tuple[JobId, ...] = ()
-    order: tuple[JobId, ...] = ()
-    priorities: dict[JobId, float] = field(default_factory=dict)
-    unplaceable: dict[JobId, str] = field(default_factory=dict)
-    explain: dict[JobId, JobExplain] = field(default_factory=dict)
-    stats: SolverStats = field(default_factory=SolverStats)
-    idle_gpus: int = 0
-
-
-@dataclass(slots=True)
-class _Round:
-    """Shared, per-call working state of the planner (never escapes a call)."""
-
-    snapshot: ClusterSnapshot
-    estimator: Estimator
-    settings: SchedulerSettings
-    servers: dict[ServerId, Server]
-    by_type: dict[GpuType, list[Server]]
-    weights: dict[JobId, float]
-    base_rate: dict[JobId, float]
-    rho: dict[JobId, float]
-    largest: int
-    tenant_held: dict[str, int] = field(default_factory=dict)
+# Re-exported: these lived here before hopsmgr.core.plan and hopsmgr.core.program.
+__all__ = [
+    "CandidateView",
+    "JobExplain",
+    "Plan",
+    "PlanKind",
+    "ProfilingRun",
+    "RoundState",
+    "SolverStats",
+    "Timer",
+    "build_exact_program",
+    "explain_candidates",
+    "job_value",
+    "plan_fragments",
+    "plan_round",
+    "priority_context",
+    "profiling_runs",
+    "restart_factor",
+    "tenant_resources",
+    "unplaceable_reason",
+]
 
 
 def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> PriorityContext:
@@ -121,22 +75,37 @@ def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> Priorit
     )
 
 
-def unplaceable_reason(job: JobSpec, servers: Iterable[Server], estimator: Estimator) -> str | None:
-    """Why `job` can never run on these servers (whatever else runs), or None if it can."""
-    servers = list(servers)
-    if not servers:
+def unplaceable_reason(
+    job: JobSpec,
+    servers: Iterable[Server],
+    estimator: Estimator,
+    type_gpus: Mapping[GpuType, int] | None = None,
+) -> str | None:
+    """Why `job` can never run on these servers (whatever else runs), or None if it can.
+
+    `type_gpus` (GPUs of `servers` per type) may be passed when asking for many jobs at once."""
+    if type_gpus is None:
+        type_gpus = _gpus_per_type(servers)
+    if not type_gpus:
         return "no server is available"
     profiled = estimator.profiled_types(job.id)
-    known = [s for s in servers if s.gpu_type in profiled]
+    known = [t for t in type_gpus if t in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
-    total = sum(s.gpus for s in known)
+    total = sum(type_gpus[t] for t in known)
     if job.requirements.minimum > total:
         return (
             f"smallest requirement {job.requirements.minimum} GPUs exceeds the {total} GPUs of the "
             "profiled, available servers"
         )
     return None
+
+
+def _gpus_per_type(servers: Iterable[Server]) -> dict[GpuType, int]:
+    totals: dict[GpuType, int] = {}
+    for s in servers:
+        totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
+    return totals
 
 
 def profiling_runs(
@@ -195,7 +164,7 @@ def _plan(
         sid: min(n, servers[sid].gpus) for sid, n in snapshot.capacity.items() if sid in servers and n > 0
     }
     running = {
-        v.id: v.current for v in snapshot.jobs if v.current is not None and _valid(v.current, capacity)
+        v.id: v.current for v in snapshot.jobs if v.current is not None and fits_capacity(v.current, capacity)
     }
     held: dict[ServerId, int] = {}
     for config in running.values():
@@ -212,15 +181,19 @@ def _plan(
         weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]
     unplaceable: dict[JobId, str] = {}
+    type_gpus = _gpus_per_type(usable_servers)
     for view in ordered:
-        reason = unplaceable_reason(view.spec, usable_servers, estimator)
+        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus)
         if reason is not None:
             unplaceable[view.id] = reason
     placeable = [v for v in ordered if v.id not in unplaceable]
 
     by_type = config_gen.group_by_type(usable_servers, capacity)
     largest = max((s.gpus for s in usable_servers), default=0)
-    state = _Round(snapshot, estimator, settings, servers, by_type, weights, {}, {}, largest)
+    state = RoundState(snapshot, estimator, settings, servers, by_type, weights, {}, {}, largest)
+    # The time limit is a deadline for the whole plan, from its start; a share of it is kept for the
+    # work after the solver (mapping, fill, explanations).
+    state.deadline = t0 + settings.time_limit_s - min(0.1 * settings.time_limit_s, 0.5)
     for view in placeable:
         state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator)
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
@@ -354,26 +327,8 @@ def _within_capacity(
     return kept
 
 
-def restart_factor(settings: SchedulerSettings, restart_s: float) -> float:
-    """[ours] The share of throughput left after a (re)start: a launch loses `restart_s` out of the
-    time it is sure to keep its GPUs (a round, and at least the minimum attempt length)."""
-    if restart_s <= 0 or not settings.restart_penalty:
-        return 1.0
-    horizon = max(settings.round_seconds, settings.min_attempt_s + 2 * restart_s)
-    return max(0.0, 1.0 - restart_s / horizon)
-
-
-def job_value(state: _Round, view: JobView, rate: float, moved: bool) -> float:
-    """(prio + bias)^lambda * G, times the restart factor for any configuration the job does not
-    hold now (a queued job's launch pays its start-up as a running job's move does)."""
-    gain = rate / state.base_rate[view.id]
-    if moved or view.current is None:
-        gain *= restart_factor(state.settings, view.spec.restart_s)
-    return state.weights.get(view.id, 1.0) * gain
-
-
 def _solve(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     free: Mapping[ServerId, int],
@@ -393,7 +348,7 @@ def _solve(
 
 
 def _solve_exact(
-    state: _Round,
+    state: RoundState,
     jobs: Sequence[JobView],
     window: set[JobId],
     free: Mapping[ServerId, int],
@@ -413,6 +368,8 @@ def _solve_exact(
             warm_start=warm,
             priority_order=tuple(range(len(jobs))),
             timer=clock,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
         ),
     )
     assignment = {jobs[i].id: option_configs[o] for i, o in solution.choice.items()}
@@ -432,94 +389,6 @@ def _solve_exact(
         fallback=solution.fallback,
     )
     return assignment, stats, explain
-
-
-def build_exact_program(
-    state: _Round,
-    jobs: Sequence[JobView],
-    window: set[JobId],
-    free: Mapping[ServerId, int],
-    running: Mapping[JobId, Config],
-    allowed: Mapping[JobId, Mapping[GpuType, Sequence[Server]]] | None = None,
-) -> tuple[list[ilp.Option], list[Config], list[float]]:
-    """The location-specific program: one option per (job, configuration), per-server GPU capacity.
-
-    Window jobs get every generated configuration (over `allowed[job]` servers when given); running jobs
-    outside the window only their current one. A running job always has its current configuration.
-    """
-    server_ids = sorted(sid for sid in free if free[sid] > 0)
-    resource = {sid: r for r, sid in enumerate(server_ids)}
-    capacity: list[float] = [float(free[sid]) for sid in server_ids]
-    tenant_resource = tenant_resources(state, jobs, capacity)
-    options: list[ilp.Option] = []
-    option_configs: list[Config] = []
-    free_here = {sid: free[sid] for sid in server_ids}
-    for i, view in enumerate(jobs):
-        current = running.get(view.id)
-        candidates = [] if current is None else _keep_candidate(state, view, current, free_here)
-        if view.id in window:
-            span = config_gen.may_span(
-                view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
-            )
-            by_type = state.by_type if allowed is None else allowed.get(view.id, {})
-            generated = config_gen.generate(
-                view.spec, by_type, free_here, state.servers, state.estimator, span
-            )
-            candidates += [c for c in generated if c.config != current]
-        t = tenant_resource.get(view.spec.tenant)
-        for cand in candidates:
-            uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
-            if t is not None:
-                uses.append((t, float(cand.config.gpus)))
-            value = job_value(state, view, cand.rate, current is not None and cand.config != current)
-            options.append(ilp.Option(i, value, tuple(uses)))
-            option_configs.append(cand.config)
-    return options, option_configs, capacity
-
-
-def tenant_resources(state: _Round, jobs: Sequence[JobView], capacity: list[float]) -> dict[str, int]:
-    """Add one capacity row per capped tenant (appended to `capacity`); returns tenant -> row."""
-    rows: dict[str, int] = {}
-    tenants = {v.spec.tenant for v in jobs}
-    for name in sorted(tenants):
-        quota = state.snapshot.tenants.get(name)
-        if quota is not None and quota.cap_gpus is not None:
-            rows[name] = len(capacity)
-            capacity.append(float(max(0, quota.cap_gpus - state.tenant_held.get(name, 0))))
-    return rows
-
-
-def explain_candidates(
-    jobs: Sequence[JobView], options: Sequence[ilp.Option], option_configs: Sequence[Config], state: _Round
-) -> dict[JobId, tuple[CandidateView, ...]]:
-    by_item: dict[int, list[int]] = {}
-    for k, o in enumerate(options):
-        by_item.setdefault(o.item, []).append(k)
-    out: dict[JobId, tuple[CandidateView, ...]] = {}
-    for item, ks in by_item.items():
-        view = jobs[item]
-        weight = max(state.weights.get(view.id, 1.0), 1e-12)
-        top = heapq.nlargest(5, ks, key=lambda k: options[k].value)
-        out[view.id] = tuple(
-            CandidateView(
-                str(option_configs[k]), options[k].value / weight * state.base_rate[view.id], options[k].value
-            )
-            for k in top
-        )
-    return out
-
-
-def _keep_candidate(
-    state: _Round, view: JobView, current: Config, free: Mapping[ServerId, int]
-) -> list[config_gen.Candidate]:
-    if not _valid(current, free):
-        return []
-    rate = state.estimator.config_rate(view.spec, current, state.servers)
-    return [] if rate is None or rate <= 0 else [config_gen.Candidate(current, rate)]
-
-
-def _valid(config: Config, capacity: Mapping[ServerId, int]) -> bool:
-    return all(capacity.get(sid, 0) >= g for sid, g in config.parts)
 
 
 def _base_rate(

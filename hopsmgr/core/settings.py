@@ -33,6 +33,7 @@ class SchedulerSettings:
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
+    cbc_path: str = ""  # the CBC binary; "" = the one PuLP bundles
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -62,6 +63,8 @@ class SchedulerSettings:
             raise bad("raqlr_hours", "must be > 0")
         if not self.min_attempt_s >= 0:
             raise bad("min_attempt_s", "must be >= 0")
+        if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
+            raise bad("cbc_path", "must be a path (a string without NUL)")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

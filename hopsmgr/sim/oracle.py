@@ -2,7 +2,9 @@
 
 Gavel's own simulator gives every policy the measured throughputs. With this estimator every policy
 (Hops included) sees the world's true rates instead of learning them, so results can be set beside
-Gavel's published numbers. It implements the parts of `Estimator` the planner and policies use.
+Gavel's published numbers. It implements the estimator interface the planner and policies read
+(`hopsmgr.core.estimates.Estimator`); it still derives from the concrete estimator only because the
+simulator's engine and runner are typed with that class.
 """
 
 from __future__ import annotations

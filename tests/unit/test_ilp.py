@@ -142,6 +142,7 @@ def test_uncontended_program_needs_no_solver(monkeypatch: pytest.MonkeyPatch) ->
         raise AssertionError("CBC ran on an uncontended program")
 
     monkeypatch.setattr(ilp_module, "_run", no_solver)
+    monkeypatch.setattr(ilp_module.cbc, "run", no_solver)
     options = [
         Option(0, 2.0, ((0, 2.0),)),
         Option(0, 3.0, ((1, 4.0),)),
@@ -262,8 +263,9 @@ def test_no_time_left_falls_back_to_greedy() -> None:
 def test_no_time_for_the_mip_after_the_lp() -> None:
     # The LP runs, its rounding (A) is not within the gap, and no time is left for the MIP: the answer is
     # feasible and honestly not proven.
+    # The clock jumps 0.6 s per reading: the LP starts with about 1.4 s left, the MIP check comes too late.
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
-    opts = SolveOptions(gap=0.0, time_limit_s=0.5, timer=jumping_clock(1.0))
+    opts = SolveOptions(gap=0.0, time_limit_s=2.0, timer=jumping_clock(0.6))
     sol = solve(options, [4.0], opts)
     check_solution(options, [4.0], sol)
     assert not sol.proven

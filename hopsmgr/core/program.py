@@ -1,0 +1,145 @@
+"""The per-call state of a round and the location-specific program built from it.
+
+Shared by the exact model (hopsmgr.core.planner) and the class model (hopsmgr.core.classes): the
+values of options ((prio + bias)^lambda * G with the restart penalty), tenant cap rows, the program
+over location-specific configurations, and the top candidates per job for `Plan.explain`.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hopsmgr.core import configs as config_gen
+from hopsmgr.core import ilp
+from hopsmgr.core.estimates import Estimator
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView, Server, ServerId
+from hopsmgr.core.plan import CandidateView
+from hopsmgr.core.settings import SchedulerSettings
+
+
+@dataclass(slots=True)
+class RoundState:
+    """Shared, per-call working state of the planner (never escapes a call)."""
+
+    snapshot: ClusterSnapshot
+    estimator: Estimator
+    settings: SchedulerSettings
+    servers: dict[ServerId, Server]
+    by_type: dict[GpuType, list[Server]]
+    weights: dict[JobId, float]
+    base_rate: dict[JobId, float]
+    rho: dict[JobId, float]
+    largest: int
+    tenant_held: dict[str, int] = field(default_factory=dict)
+    deadline: float | None = None  # on the injected timer: no solver runs past it
+
+
+def restart_factor(settings: SchedulerSettings, restart_s: float) -> float:
+    """[ours] The share of throughput left after a (re)start: a launch loses `restart_s` out of the
+    time it is sure to keep its GPUs (a round, and at least the minimum attempt length)."""
+    if restart_s <= 0 or not settings.restart_penalty:
+        return 1.0
+    horizon = max(settings.round_seconds, settings.min_attempt_s + 2 * restart_s)
+    return max(0.0, 1.0 - restart_s / horizon)
+
+
+def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> float:
+    """(prio + bias)^lambda * G, times the restart factor for any configuration the job does not
+    hold now (a queued job's launch pays its start-up as a running job's move does)."""
+    gain = rate / state.base_rate[view.id]
+    if moved or view.current is None:
+        gain *= restart_factor(state.settings, view.spec.restart_s)
+    return state.weights.get(view.id, 1.0) * gain
+
+
+def build_exact_program(
+    state: RoundState,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    allowed: Mapping[JobId, Mapping[GpuType, Sequence[Server]]] | None = None,
+) -> tuple[list[ilp.Option], list[Config], list[float]]:
+    """The location-specific program: one option per (job, configuration), per-server GPU capacity.
+
+    Window jobs get every generated configuration (over `allowed[job]` servers when given); running jobs
+    outside the window only their current one. A running job always has its current configuration.
+    """
+    server_ids = sorted(sid for sid in free if free[sid] > 0)
+    resource = {sid: r for r, sid in enumerate(server_ids)}
+    capacity: list[float] = [float(free[sid]) for sid in server_ids]
+    tenant_resource = tenant_resources(state, jobs, capacity)
+    options: list[ilp.Option] = []
+    option_configs: list[Config] = []
+    free_here = {sid: free[sid] for sid in server_ids}
+    for i, view in enumerate(jobs):
+        current = running.get(view.id)
+        candidates = [] if current is None else _keep_candidate(state, view, current, free_here)
+        if view.id in window:
+            span = config_gen.may_span(
+                view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
+            )
+            by_type = state.by_type if allowed is None else allowed.get(view.id, {})
+            generated = config_gen.generate(
+                view.spec, by_type, free_here, state.servers, state.estimator, span
+            )
+            candidates += [c for c in generated if c.config != current]
+        t = tenant_resource.get(view.spec.tenant)
+        for cand in candidates:
+            uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
+            if t is not None:
+                uses.append((t, float(cand.config.gpus)))
+            value = job_value(state, view, cand.rate, current is not None and cand.config != current)
+            options.append(ilp.Option(i, value, tuple(uses)))
+            option_configs.append(cand.config)
+    return options, option_configs, capacity
+
+
+def tenant_resources(state: RoundState, jobs: Sequence[JobView], capacity: list[float]) -> dict[str, int]:
+    """Add one capacity row per capped tenant (appended to `capacity`); returns tenant -> row."""
+    rows: dict[str, int] = {}
+    tenants = {v.spec.tenant for v in jobs}
+    for name in sorted(tenants):
+        quota = state.snapshot.tenants.get(name)
+        if quota is not None and quota.cap_gpus is not None:
+            rows[name] = len(capacity)
+            capacity.append(float(max(0, quota.cap_gpus - state.tenant_held.get(name, 0))))
+    return rows
+
+
+def explain_candidates(
+    jobs: Sequence[JobView],
+    options: Sequence[ilp.Option],
+    option_configs: Sequence[Config],
+    state: RoundState,
+) -> dict[JobId, tuple[CandidateView, ...]]:
+    by_item: dict[int, list[int]] = {}
+    for k, o in enumerate(options):
+        by_item.setdefault(o.item, []).append(k)
+    out: dict[JobId, tuple[CandidateView, ...]] = {}
+    for item, ks in by_item.items():
+        view = jobs[item]
+        weight = max(state.weights.get(view.id, 1.0), 1e-12)
+        top = heapq.nlargest(5, ks, key=lambda k: options[k].value)
+        out[view.id] = tuple(
+            CandidateView(
+                str(option_configs[k]), options[k].value / weight * state.base_rate[view.id], options[k].value
+            )
+            for k in top
+        )
+    return out
+
+
+def _keep_candidate(
+    state: RoundState, view: JobView, current: Config, free: Mapping[ServerId, int]
+) -> list[config_gen.Candidate]:
+    if not fits_capacity(current, free):
+        return []
+    rate = state.estimator.config_rate(view.spec, current, state.servers)
+    return [] if rate is None or rate <= 0 else [config_gen.Candidate(current, rate)]
+
+
+def fits_capacity(config: Config, capacity: Mapping[ServerId, int]) -> bool:
+    return all(capacity.get(sid, 0) >= g for sid, g in config.parts)

@@ -57,7 +57,7 @@ from hopsmgr.control.events import (
 from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import Server, TenantQuota
+from hopsmgr.core.model import JobSpec, Server, TenantQuota
 from hopsmgr.core.priority import expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -132,6 +132,14 @@ class SchedulerMachine:
             out = [Persist(self._stimulus, tuple(self._records)), *out]
         self._records, self._out = [], []
         return out
+
+    def forget(self, job_id: str) -> None:
+        """Undo a submission whose records could not be stored (the driver's transaction failed)."""
+        job = self.state.jobs.pop(job_id, None)
+        if job is not None:
+            for attempt_id in list(job.profiling):
+                self.state.remove_attempt(attempt_id)
+            self.estimator.forget(job_id)
 
     # -- helpers used by acting --------------------------------------------------------------------------
 
@@ -220,19 +228,17 @@ class SchedulerMachine:
 
     # -- jobs ---------------------------------------------------------------------------------------------
 
-    def _submitted(self, event: JobSubmitted) -> None:
-        spec = event.spec
+    def refusal(self, spec: JobSpec) -> Reply | None:
+        """Why a submission of `spec` is refused (unknown tenant, more GPUs than it may ever get), or None."""
         state = self.state
         if spec.id in state.jobs:
-            self.emit(Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409))
-            return
+            return Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409)
         quota = state.tenants.get(spec.tenant)
         if state.tenants and quota is None:
             known = ", ".join(sorted(state.tenants))
-            self.emit(
-                Reply(self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422)
+            return Reply(
+                self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422
             )
-            return
         total = state.total_gpus
         limit = min(total, quota.cap_gpus) if quota is not None and quota.cap_gpus is not None else total
         if spec.requirements.minimum > limit:
@@ -240,7 +246,15 @@ class SchedulerMachine:
             message = (
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
-            self.emit(Reply(self._stimulus, None, "gpus", message, 422))
+            return Reply(self._stimulus, None, "gpus", message, 422)
+        return None
+
+    def _submitted(self, event: JobSubmitted) -> None:
+        spec = event.spec
+        state = self.state
+        refused = self.refusal(spec)
+        if refused is not None:
+            self.emit(refused)
             return
         job = Job(spec, JobState.PENDING, self._now, self._now)
         state.jobs[spec.id] = job

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
+from hopsmgr.master import commands
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
@@ -123,6 +124,7 @@ class MasterProcess:
         m = self.config.master
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
         ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
+        commands.attach(ctl)
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))

@@ -52,8 +52,8 @@ from hopsmgr.core.metrics import JobRecord, RoundRecord
 from hopsmgr.core.model import Config, JobSpec, Server, TenantQuota
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.nodecontract import EXIT_CHECKPOINTED
 from hopsmgr.policies.base import Policy
-from hopsmgr.runtime.core import EXIT_CHECKPOINTED
 from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob
 

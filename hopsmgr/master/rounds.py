@@ -27,6 +27,7 @@ from hopsmgr.master import faults
 from hopsmgr.master.commands import rendezvous_port, torchrun_argv
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.heartbeats import check_health
+from hopsmgr.master.planner_process import PlannerProcess, fallback_plan
 from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")
@@ -39,6 +40,12 @@ class RoundLoop:
         self.ctl = ctl
         self.policy: Policy = policy or HopsPolicy(ctl.config.scheduler)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="planner")
+        m, sched = ctl.config.master, ctl.config.scheduler
+        self.deadline_s = m.plan_deadline_s or sched.time_limit_s + 5.0
+        self.process: PlannerProcess | None = None
+        if m.planner == "process" and policy is None:
+            self.process = PlannerProcess(sched)
+            self.process.start()
         self.lock = asyncio.Lock()
         self.round_s: list[float] = []
         self.solve_s: list[float] = []
@@ -93,10 +100,7 @@ class RoundLoop:
         commands = ctl.feed(RoundTick(f"round-{kind}-{now:.3f}", kind))
         request = next((c for c in commands if isinstance(c, PlanRequest)), None)
         while request is not None:
-            estimator = Estimator.from_state(ctl.estimator.export_state())  # the planner's own copy
-            ready: PlanReady = await asyncio.get_running_loop().run_in_executor(
-                self.pool, compute_plan, request, self.policy, estimator, time.perf_counter
-            )
+            ready = await self._answer(request, time.monotonic() + self.deadline_s)
             plan = ready.plan
             ctl.plans[plan.kind] = plan
             if plan.kind == "first":
@@ -111,6 +115,25 @@ class RoundLoop:
             t0 = time.perf_counter()
             request = next((c for c in commands if isinstance(c, PlanRequest)), None)
             await asyncio.sleep(0)
+
+    async def _answer(self, request: PlanRequest, deadline: float) -> PlanReady:
+        """The plan for `request`, from the planner process (or thread) by `deadline`, else the fallback."""
+        if self.process is not None:
+            return await self.process.plan(request, self.ctl.estimator, deadline)
+        estimator = Estimator.from_state(self.ctl.estimator.export_state())  # the planner's own copy
+        work = asyncio.get_running_loop().run_in_executor(
+            self.pool, compute_plan, request, self.policy, estimator, time.perf_counter
+        )
+        try:
+            return await asyncio.wait_for(asyncio.shield(work), timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:  # a thread cannot be killed: abandon its answer, plan without it
+            log.warning("planner_missed_deadline", request=request.request_id, kind=request.kind)
+            return fallback_plan(request, estimator, "the planner thread missed the round's deadline")
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _act(self, commands: list[Command]) -> tuple[int, int]:
         """Store the plan's records, then hand its node commands to the executors."""

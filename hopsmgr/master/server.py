@@ -110,6 +110,7 @@ class MasterProcess:
         self.listen = config.master.listen
         self.runner: web.AppRunner | None = None
         self.ctl: Controller | None = None
+        self.loop: RoundLoop | None = None
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.executor = executor
@@ -145,6 +146,7 @@ class MasterProcess:
         for address in self.runner.addresses:  # the port actually bound (the config may say 0)
             bound = int(address[1])
         self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
+        self.loop = loop
         self.tasks = [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
         info = {"url": self.url, "pid": os.getpid(), "epoch": ctl.epoch}
         (self.state_dir / "master.json").write_text(json.dumps(info))
@@ -163,6 +165,8 @@ class MasterProcess:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.loop is not None:
+            self.loop.close()
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()

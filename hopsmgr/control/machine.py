@@ -58,7 +58,7 @@ from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import JobSpec, Server, TenantQuota
-from hopsmgr.core.priority import expected_run_s
+from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
 
@@ -95,6 +95,7 @@ class SchedulerMachine:
         self.inflight: int | None = None  # the plan request not answered yet
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
+        self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self._records: list[Record] = []
         self._out: list[Command] = []
@@ -187,10 +188,13 @@ class SchedulerMachine:
 
     def expected_run_s(self, job: Job) -> float | None:
         """The job's age (hopsmgr.core.priority.expected_run_s) with the estimator's rates: the one formula."""
-        from hopsmgr.core.planner import priority_context
-
-        snapshot = views.build_snapshot(self.state, self._now, self.settings.exec_error_backoff_s)
-        value = expected_run_s(job.spec, priority_context(snapshot, self.estimator))
+        ctx = PriorityContext(
+            now=self._now,
+            type_share=self.state.type_share,
+            rate=self.estimator.type_rate,
+            total_gpus=self.state.total_gpus,
+        )
+        value = expected_run_s(job.spec, ctx)
         return value if math.isfinite(value) else None
 
     def new_attempt_id(self) -> str:
@@ -212,8 +216,10 @@ class SchedulerMachine:
         )
 
     def fragment_soon(self) -> None:
-        """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs."""
-        if self.settings.fragment_plans and self._fits_idle():
+        """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs
+        (once: until the plan asked for is made, more asking changes nothing)."""
+        if self.settings.fragment_plans and not self.plan_soon and self._fits_idle():
+            self.plan_soon = True
             self.emit(PlanSoon(self._stimulus, "fragment"))
 
     def _fits_idle(self) -> bool:
@@ -272,8 +278,7 @@ class SchedulerMachine:
         )
         for gpu_type, (profile, calibration) in event.profiles.items():
             self.estimator.add_profile(spec.id, gpu_type, profile, calibration)
-        types = {n.server.gpu_type for n in state.nodes.values()}
-        if not self.settings.profiling or types <= self.estimator.profiled_types(spec.id):
+        if not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
             self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
         self.emit(Reply(self._stimulus, spec.id))
         self.fragment_soon()
@@ -550,6 +555,7 @@ class SchedulerMachine:
     # -- plans --------------------------------------------------------------------------------------------
 
     def _round(self, event: RoundTick) -> None:
+        self.plan_soon = False
         if self.inflight is not None:
             self.first_due = self.first_due or event.kind == "first"
             return
@@ -564,8 +570,9 @@ class SchedulerMachine:
         if s.profiling:
             for job in state.jobs.values():
                 if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
-                    types = {n.server.gpu_type for n in state.nodes.values()}
-                    if job.state == JobState.QUEUED and types <= self.estimator.profiled_types(job.id):
+                    if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
+                        job.id
+                    ):
                         continue
                     to_profile.append(job.spec)
                     waited = self._now - job.spec.submit_time >= s.scheduler.round_seconds

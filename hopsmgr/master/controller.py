@@ -45,6 +45,7 @@ from hopsmgr.core.planner import Plan
 from hopsmgr.core.priority import PriorityContext
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.executor import Executor, NodeTarget
+from hopsmgr.master.planner_process import LoggedEstimator
 from hopsmgr.master.state import (
     JobPayload,
     NodeRecord,
@@ -119,7 +120,9 @@ class Controller:
             lost_after_s=m.lost_after_s,
             heartbeat_interval_s=m.heartbeat_interval_s,
         )
-        self.machine = SchedulerMachine(config.servers, config.tenants, self.control_settings, Estimator())
+        self.machine = SchedulerMachine(
+            config.servers, config.tenants, self.control_settings, LoggedEstimator()
+        )
         self.nodes = {s.id: NodeRecord(s, self.machine.state.nodes[s.id]) for s in config.servers}
         self.state = StateView(self.machine.state, self.nodes)
         self.payloads: dict[str, JobPayload] = {}
@@ -185,7 +188,7 @@ class Controller:
         saved = self.store.load_estimator()
         if saved is not None:
             try:
-                self.machine.estimator = Estimator.from_state(saved)
+                self.machine.estimator = LoggedEstimator.from_state(saved)
             except ModelError as exc:
                 log.warning("estimator_state_unusable", error=str(exc))
         jobs: list[Job] = []
@@ -218,15 +221,17 @@ class Controller:
         self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained)))
         log.info("master_opened", epoch=self.epoch, live_jobs=len(jobs), open_attempts=len(attempts))
 
-    def sync_servers(self) -> None:
-        """Re-derive every node's planning view (calibration relative to its type) into the machine."""
-        relative(list(self.nodes.values()))
-        for node in self.nodes.values():
-            if self.machine.state.nodes[node.id].server is not node.effective_server():
-                self.machine.handle(
-                    NodeChanged("calibration", node.id, node.effective_server(), node.usable_gpus),
-                    self.clock(),
-                )
+    def sync_servers(self, gpu_type: str | None = None) -> None:
+        """Re-derive the planning view of every node (of one GPU type) into the machine: calibrations
+        relative to their type's median (hopsmgr.master.state.relative), usable GPUs."""
+        nodes = [n for n in self.nodes.values() if gpu_type is None or n.server.gpu_type == gpu_type]
+        relative(nodes)
+        for node in nodes:
+            control = self.machine.state.nodes[node.id]
+            server = node.effective_server()
+            if control.server != server or control.usable_gpus != min(server.gpus, node.usable_gpus):
+                event = NodeChanged("calibration", node.id, server, node.usable_gpus)
+                self.machine.handle(event, self.clock())
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)

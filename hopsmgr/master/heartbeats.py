@@ -48,7 +48,7 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
         )
     changed, moved = _update_node(node, beat)
     if moved:
-        ctl.sync_servers()
+        ctl.sync_servers(node.server.gpu_type)
     first = not node.seen
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"

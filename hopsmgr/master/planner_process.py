@@ -32,17 +32,51 @@ from hopsmgr.core.settings import SchedulerSettings
 log = structlog.get_logger("hopsmgr.master")
 
 
+class LoggedEstimator(Estimator):
+    """The master's estimator: an Estimator that also logs its updates, so that the planner process's
+    copy is brought up to date with the updates since the last plan (a delta), not the whole state."""
+
+    def __init__(self, ewma_alpha: float = 0.3) -> None:
+        super().__init__(ewma_alpha)
+        self.updates: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def add_profile(self, *args: Any, **kwargs: Any) -> None:
+        super().add_profile(*args, **kwargs)
+        self.updates.append(("add_profile", args, kwargs))
+
+    def observe(self, *args: Any, **kwargs: Any) -> None:
+        super().observe(*args, **kwargs)
+        self.updates.append(("observe", args, kwargs))
+
+    def observe_data_time(self, *args: Any, **kwargs: Any) -> None:
+        super().observe_data_time(*args, **kwargs)
+        self.updates.append(("observe_data_time", args, kwargs))
+
+    def forget(self, *args: Any, **kwargs: Any) -> None:
+        super().forget(*args, **kwargs)
+        self.updates.append(("forget", args, kwargs))
+
+    def take_updates(self) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        updates, self.updates = self.updates, []
+        return updates
+
+
 def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSettings) -> None:
-    """The worker's loop: (request, estimator state) in, PlanReady out, until the pipe closes."""
+    """The worker's loop: a request with the estimator's state (whole, or the updates since the last
+    request) in, PlanReady out, until the pipe closes."""
     from hopsmgr.policies.base import HopsPolicy
 
     policy = HopsPolicy(settings)
+    estimator = Estimator()
     while True:
         try:
-            request, state = conn.recv()
+            request, whole, updates = conn.recv()
         except (EOFError, OSError):
             return
-        estimator = Estimator.from_state(state)
+        if whole is not None:
+            estimator = Estimator.from_state(whole)
+        for name, args, kwargs in updates:
+            getattr(estimator, name)(*args, **kwargs)
         conn.send(compute_plan(request, policy, estimator, time.perf_counter))
 
 
@@ -84,8 +118,10 @@ class PlannerProcess:
         self.process: Any = None
         self.conn: multiprocessing.connection.Connection | None = None
         self.replaced = 0
+        self.fresh = True  # the worker has no estimator state yet: send it whole
 
     def start(self) -> None:
+        self.fresh = True
         parent, child = self.context.Pipe()
         self.process = self.context.Process(
             target=_serve, args=(child, self.settings), name="hopsmgr-planner", daemon=True
@@ -110,8 +146,15 @@ class PlannerProcess:
         assert self.conn is not None
         loop = asyncio.get_running_loop()
         conn = self.conn
-        state = estimator.export_state()
-        await loop.run_in_executor(None, conn.send, (request, state))
+        message: tuple[PlanRequest, dict[str, Any] | None, list[Any]]
+        if isinstance(estimator, LoggedEstimator) and not self.fresh:
+            message = (request, None, estimator.take_updates())
+        else:
+            if isinstance(estimator, LoggedEstimator):
+                estimator.take_updates()
+            message = (request, estimator.export_state(), [])
+        self.fresh = False
+        await loop.run_in_executor(None, conn.send, message)
         answered: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:

@@ -85,3 +85,30 @@ def test_the_fallback_places_waiting_profiled_jobs_first_fit() -> None:
     placed = [v for v in waiting if v.id in ready.plan.assignments]
     assert placed, "idle GPUs and waiting jobs, yet nothing placed"
     assert all(ready.plan.assignments[v.id].gpus == v.spec.requirements.minimum for v in placed)
+
+
+def test_the_worker_follows_the_estimator_by_its_updates() -> None:
+    """After the first request the worker gets only the updates since the last one, and plans as the
+    master's own estimator would."""
+    from hopsmgr.master.planner_process import LoggedEstimator
+
+    inst = busy_instance(4, 64, 40)
+    estimator = LoggedEstimator.from_state(inst.estimator.export_state())
+    assert isinstance(estimator, LoggedEstimator)
+    settings = SchedulerSettings(solver="exact")
+    worker = PlannerProcess(settings)
+    worker.start()
+    try:
+        asyncio.run(worker.plan(request_of(inst.snapshot), estimator, time.monotonic() + 120))
+        servers = inst.snapshot.server_map()
+        for view in inst.snapshot.jobs[:10]:
+            if view.current is not None:  # a measured rate far from the estimate moves the plan's values
+                estimator.observe(view.id, view.current, servers, 0.2, job=view.spec)
+        assert len(estimator.updates) > 0
+        ready = asyncio.run(worker.plan(request_of(inst.snapshot, 2), estimator, time.monotonic() + 120))
+    finally:
+        worker.stop()
+    assert estimator.updates == []
+    inline = compute_plan(request_of(inst.snapshot, 2), HopsPolicy(settings), estimator, time.perf_counter)
+    assert ready.plan.assignments == inline.plan.assignments
+    assert ready.plan.stats.objective == pytest.approx(inline.plan.stats.objective)

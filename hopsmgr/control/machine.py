@@ -15,17 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
-from hopsmgr.control import acting
+from hopsmgr.control import acting, nodes
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
-    CheckpointAndStop,
     Command,
     JobChange,
     JobNote,
     LaunchAttempt,
-    NodeReply,
     Persist,
     PlanRequest,
     PlanSoon,
@@ -54,7 +53,7 @@ from hopsmgr.control.events import (
     RoundTick,
     StateRestored,
 )
-from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
+from hopsmgr.control.records import Attempt, ControlState, Job, Node
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import JobSpec, Server, TenantQuota
@@ -106,15 +105,15 @@ class SchedulerMachine:
             JobCancelled: self._cancelled,  # type: ignore[dict-item]
             AttemptStarted: self._started,  # type: ignore[dict-item]
             AttemptLaunchFailed: self._launch_failed,  # type: ignore[dict-item]
-            AttemptProgressed: self._progressed,  # type: ignore[dict-item]
+            AttemptProgressed: self.progressed,  # type: ignore[dict-item]
             AttemptEnded: self._ended,  # type: ignore[dict-item]
-            NodeBeat: self._beat,  # type: ignore[dict-item]
-            NodeReported: self._reported,  # type: ignore[dict-item]
-            NodeChanged: self._node_changed,  # type: ignore[dict-item]
-            StateRestored: self._restored,  # type: ignore[dict-item]
-            NodeCommandFailed: self._command_failed,  # type: ignore[dict-item]
-            NodeDrained: self._drained,  # type: ignore[dict-item]
-            HealthTick: self._health,  # type: ignore[dict-item]
+            NodeBeat: partial(nodes.on_beat, self),
+            NodeReported: partial(nodes.on_reported, self),
+            NodeChanged: partial(nodes.on_node_changed, self),
+            StateRestored: partial(nodes.on_restored, self),
+            NodeCommandFailed: partial(nodes.on_command_failed, self),
+            NodeDrained: partial(nodes.on_drained, self),
+            HealthTick: partial(nodes.on_health, self),
             RoundTick: self._round,  # type: ignore[dict-item]
             PlanReady: self._plan_ready,  # type: ignore[dict-item]
         }
@@ -364,7 +363,7 @@ class SchedulerMachine:
             reason = "launch_error" if event.job_fault else "launch_failed"
             self.end_attempt(attempt, reason=reason, message=event.message)
 
-    def _progressed(self, event: AttemptProgressed) -> None:
+    def progressed(self, event: AttemptProgressed) -> None:
         attempt = self.state.attempts.get(event.attempt_id)
         job = self.state.jobs.get(attempt.job_id) if attempt is not None else None
         if attempt is None or job is None or attempt.profiling:
@@ -399,158 +398,6 @@ class SchedulerMachine:
         self, attempt: Attempt, *, reason: str, code: int | None = None, message: str = ""
     ) -> None:
         acting.end_attempt(self, attempt, reason, code, False, None, message)
-
-    # -- nodes --------------------------------------------------------------------------------------------
-
-    def _beat(self, event: NodeBeat) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is None:
-            self.emit(
-                Reply(self._stimulus, None, "node", f"node {event.node_id!r} is not in this cluster", 404)
-            )
-            return
-        woke = node.health != NodeHealth.HEALTHY and event.healthy
-        node.health = NodeHealth.HEALTHY if event.healthy else NodeHealth.SUSPECT
-        node.last_beat = self._now
-        if event.server is not None:
-            node.server = event.server
-        if event.usable_gpus is not None:
-            node.usable_gpus = min(node.server.gpus, event.usable_gpus)
-        if woke:
-            self.fragment_soon()
-
-    def _command_failed(self, event: NodeCommandFailed) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is not None:
-            node.exec_error_at = self._now
-
-    def _drained(self, event: NodeDrained) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is None:
-            self.emit(Reply(self._stimulus, None, "node", f"no node {event.node_id!r}", 404))
-            return
-        node.drained = event.drained
-        self.emit(Reply(self._stimulus))
-        if not event.drained:
-            self.fragment_soon()
-
-    def _health(self, event: HealthTick) -> None:
-        """HEALTHY -> SUSPECT -> LOST by heartbeat age; a LOST node's attempts end and their jobs requeue."""
-        s = self.settings
-        grace_over = self._now - self.started > s.lost_after_s
-        for node in self.state.nodes.values():
-            since = self._now - (node.last_beat if node.last_beat is not None else self.started)
-            if since > s.lost_after_s and grace_over:
-                node.health = NodeHealth.LOST
-                for attempt in self.state.attempts_on(node.server.id):
-                    self.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
-            elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
-                node.health = NodeHealth.SUSPECT
-
-    def _node_changed(self, event: NodeChanged) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is not None:
-            node.server = event.server
-            if event.usable_gpus is not None:
-                node.usable_gpus = min(node.server.gpus, event.usable_gpus)
-
-    def _reported(self, event: NodeReported) -> None:
-        """A heartbeat's list of running attempts: adopt what this machine had not seen start, resend
-        stops stored before a restart and never carried out, follow progress, and end attempts the
-        node no longer runs (after three beats, or at once after a restart for unconfirmed launches)."""
-        state = self.state
-        stop: list[str] = []
-        reported = set(event.finished)
-        for run in event.running:
-            reported.add(run.attempt_id)
-            attempt = state.attempts.get(run.attempt_id)
-            if attempt is None or (attempt.stopping and attempt.job_id not in state.jobs):
-                stop.append(run.attempt_id)
-                continue
-            if attempt.started is None:
-                self._adopt(attempt)
-            if attempt.stopping and not attempt.stop_sent and event.node_id == attempt.primary:
-                attempt.stop_sent = True
-                job = state.jobs.get(attempt.job_id)
-                if job is not None:
-                    self.emit(
-                        CheckpointAndStop(self._stimulus, attempt.id, job.id, attempt.placement, "preempted")
-                    )
-            attempt.unseen_beats = 0
-            job = state.jobs.get(attempt.job_id)
-            if run.iteration is not None and event.node_id == attempt.primary and job is not None:
-                spec = job.spec
-                done = run.iteration * spec.batch_size * spec.requirements.minimum
-                rate = run.samples_per_s if run.measuring else 0.0
-                self._progressed(
-                    AttemptProgressed(self._stimulus, attempt.id, done, rate, run.td_s, run.tw_s)
-                )
-        self._vanished(event.node_id, reported, event.first)
-        self.emit(NodeReply(self._stimulus, event.node_id, tuple(stop)))
-
-    def _adopt(self, attempt: Attempt) -> None:
-        """A node reports an attempt this machine stored but had not seen start (e.g. after a restart)."""
-        attempt.launched = True
-        attempt.started = self._now
-        self._records.append(self.attempt_row(attempt))
-        job = self.state.jobs.get(attempt.job_id)
-        if (
-            job is not None
-            and job.state == JobState.LAUNCHING
-            and not attempt.profiling
-            and job.attempt == attempt.id
-        ):
-            kind = "adopted" if attempt.created < self.started else "started"
-            self.set_state(job, JobState.RUNNING, kind, f"{attempt.id} reported running by {attempt.primary}")
-
-    def _vanished(self, node_id: str, reported: set[str], first: bool) -> None:
-        hb = self.settings.heartbeat_interval_s
-        for attempt in self.state.attempts_on(node_id):
-            if attempt.primary != node_id or attempt.id in reported:
-                continue
-            restarted = first and attempt.created < self.started
-            if attempt.started is None:
-                if restarted:
-                    self.end_attempt(
-                        attempt,
-                        reason="vanished",
-                        message="launch never confirmed before the master restarted",
-                    )
-                continue
-            attempt.unseen_beats += 1
-            # A beat may have been written before the launch and handled after it: only beats well after
-            # the launch count, and it takes three of them.
-            settled = self._now - attempt.started > 3 * hb + 10.0
-            if (attempt.unseen_beats >= 3 and settled) or restarted:
-                self.end_attempt(attempt, reason="vanished", message=f"{node_id} no longer reports it")
-
-    def _restored(self, event: StateRestored) -> None:
-        state = self.state
-        for job in event.jobs:
-            assert isinstance(job, Job)
-            state.jobs[job.id] = job
-        for attempt in event.attempts:
-            assert isinstance(attempt, Attempt)
-            if attempt.job_id not in state.jobs:
-                continue
-            state.add_attempt(attempt)
-            for sid, devices in attempt.devices.items():
-                state.devices_used.setdefault(sid, set()).update(devices)
-            job = state.jobs[attempt.job_id]
-            if attempt.profiling:
-                job.profiling.add(attempt.id)
-            elif job.attempt is None:
-                job.attempt = attempt.id
-            else:
-                job.moving_to = attempt.id
-        for node_id in event.drained:
-            if node_id in state.nodes:
-                state.nodes[node_id].drained = True
-        self.attempt_seq = max(self.attempt_seq, event.attempt_seq)
-        for job in list(state.jobs.values()):
-            if job.state == JobState.PROFILING and not job.profiling:
-                new = JobState.QUEUED if self.estimator.profiled_types(job.id) else JobState.FAILED
-                self.set_state(job, new, "recovered", "profiling run lost while the master was down")
 
     # -- plans --------------------------------------------------------------------------------------------
 

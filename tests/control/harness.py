@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.control.commands import Command, Persist, PlanRequest, PlanSoon
+from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event, NodeBeat, PlanReady
 from hopsmgr.control.machine import ControlSettings, SchedulerMachine
 from hopsmgr.control.planning import compute_plan
@@ -73,6 +74,11 @@ class Harness:
     def feed(self, event: Event) -> list[Command]:
         """Handle `event` (and the PlanReady of any plan it requests); the commands, in order."""
         out = self.machine.handle(event, self.now)
+        allowed = EMITS[type(event)]
+        assert all(isinstance(c, allowed) for c in out), (
+            type(event).__name__,
+            [type(c).__name__ for c in out],
+        )
         self.check()
         done: list[Command] = []
         for command in out:

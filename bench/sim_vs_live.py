@@ -92,7 +92,6 @@ def run_live(
     details: dict[str, dict[str, Any]] = {}
     try:
         cluster.start()
-        round_at = _next_first_round(cluster, limit_s=config.scheduler.round_seconds + 5.0)
         start = time.monotonic()
         deadline = start + timeout_s
         pending = list(jobs)
@@ -113,7 +112,6 @@ def run_live(
     attempts = _attempt_rows(root / "state" / "state.db")
     throughput = _throughput_rows(root / "state" / "state.db")
     return {
-        "round_at": round_at,
         "ids": ids,
         "details": details,
         "submitted": submitted,
@@ -121,23 +119,6 @@ def run_live(
         "throughput": throughput,
         "timed_out": timed_out,
     }
-
-
-def _next_first_round(cluster: LocalCluster, limit_s: float) -> float | None:
-    """Wait for the master's next first-plan round (at most `limit_s`), so the workload starts at a round
-    start as in the simulator, whose first round is at the first arrival; its time, or None."""
-
-    def last() -> dict[str, Any]:
-        return cluster.get("/api/v1/cluster").get("last_round") or {}
-
-    before = last().get("time")
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        now = last()
-        if now.get("kind") == "first" and now.get("time") != before:
-            return float(now["time"])
-        time.sleep(0.05)
-    return None
 
 
 def _attempt_rows(db: Path) -> list[dict[str, Any]]:
@@ -327,7 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         "live_completed": lv["completed"],
         "sim_completed": sm["completed"],
         "live_timed_out": live["timed_out"],
-        "live_first_submit_after_round_s": first - live["round_at"] if live.get("round_at") else None,
         "live_avg_jct_s": lv["avg_jct_s"],
         "sim_avg_jct_s": sm["avg_jct_s"],
         "live_makespan_s": lv["makespan_s"],

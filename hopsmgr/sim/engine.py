@@ -69,6 +69,9 @@ class SimOptions:
     observe_every_s: float = 300.0
     checkpoint_bytes_per_s: float = 200e6  # checkpoint write speed (GPUs stay held meanwhile)
     checkpoint_fixed_s: float = 5.0
+    # a launch's true start-up, when not the job's restart_s (the planner sees restart_s either way)
+    launch_s: float | None = None
+    profile_iterations: int = 0  # > 0: a profiling run lasts profile_s + this many iterations
     max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
 
@@ -365,7 +368,8 @@ class Simulation:
         job = self.jobs[command.job_id]
         parts = [(self.by_id[s], g) for s, g in command.placement.parts]
         rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
-        delay = job.spec.restart_s + (self._solver_delay if self.options.charge_solver else 0.0)
+        start_s = job.spec.restart_s if self.options.launch_s is None else self.options.launch_s
+        delay = start_s + (self._solver_delay if self.options.charge_solver else 0.0)
         run = _Run(
             command.attempt_id,
             job.spec.id,
@@ -387,7 +391,16 @@ class Simulation:
         self.profiles[command.attempt_id] = (token, command.job_id, command.server_id)
         self._at(self.now, AttemptStarted(self._stimulus("started"), command.attempt_id))
         end = _ProfileEnd(self._stimulus("profiled"), command.attempt_id, token=token)
-        self._at(self.now + self.options.profile_s, end)
+        duration = self.options.profile_s
+        if self.options.profile_iterations > 0:
+            job = self.jobs[command.job_id]
+            rate = self.world.true_rate(
+                job.w.model, [(self.by_id[command.server_id], 1)], job_key(job.spec.id)
+            )
+            duration += (
+                self.options.profile_iterations * job.spec.batch_size * job.spec.requirements.minimum / rate
+            )
+        self._at(self.now + duration, end)
 
     def _stop(self, attempt_id: str, *, checkpoint: bool) -> None:
         run = self.runs.get(attempt_id)

@@ -71,6 +71,7 @@ class SimOptions:
     checkpoint_fixed_s: float = 5.0
     # a launch's true start-up, when not the job's restart_s (the planner sees restart_s either way)
     launch_s: float | None = None
+    round_phase_s: float = 0.0  # the first round this long after the first arrival (live: the master's clock)
     profile_iterations: int = 0  # > 0: a profiling run lasts profile_s + this many iterations
     max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
@@ -211,6 +212,7 @@ class Simulation:
         self._stim = 0
         self._tokens = 0
         self._finished = 0
+        self._observing = False
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def _stimulus(self, what: str) -> str:
@@ -245,7 +247,7 @@ class Simulation:
         for server in self.servers:
             self.feed(NodeBeat(self._stimulus("node"), server.id, True, server, server.gpus))
         round_s = self.policy.round_seconds
-        next_round = self.now
+        next_round = self.now + self.options.round_phase_s
         arrivals = deque(self.order)
         last_arrival = self.order[-1].w.arrival_s
         while self._ended() < len(self.order):
@@ -261,6 +263,12 @@ class Simulation:
                     self._end_run(event)
                 elif isinstance(event, _ProfileEnd):
                     self._end_profile(event)
+                elif isinstance(event, _ObserveTick):
+                    self._observe()
+                    if self.runs:
+                        self._at(self.now + self.options.observe_every_s, _ObserveTick("observe"))
+                    else:
+                        self._observing = False
                 else:
                     self.feed(event)
             while arrivals and arrivals[0].w.arrival_s <= t + _EPS:
@@ -293,7 +301,6 @@ class Simulation:
 
     def _round(self) -> None:
         self._round_solver_s = 0.0
-        self._observe()
         self._solver_delay = 0.0
         self.feed(RoundTick(self._stimulus("round"), "first"))
         if self._fragment_wanted:
@@ -381,6 +388,9 @@ class Simulation:
             self._token(),
         )
         self.runs[run.attempt_id] = run
+        if not self._observing:  # running attempts report every observe_every_s (as agents do)
+            self._observing = True
+            self._at(run.ready_at + self.options.observe_every_s, _ObserveTick("observe"))
         self._at(self.now, AttemptStarted(self._stimulus("started"), run.attempt_id))
         finish = run.ready_at + max(0.0, job.spec.total_samples - job.done) / rate if rate > 0 else math.inf
         if math.isfinite(finish):
@@ -574,6 +584,11 @@ class _RunEnd(Event):
     attempt_id: str = ""
     token: int = 0
     ended: AttemptEnded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ObserveTick(Event):
+    """The simulator's own timer: running attempts report their throughput (every observe_every_s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,7 @@ class SchedulerMachine:
 
     def forget(self, job_id: str) -> None:
         """Undo a submission whose records could not be stored (the driver's transaction failed)."""
-        job = self.state.jobs.pop(job_id, None)
+        job = self.state.pop_job(job_id)
         if job is not None:
             for attempt_id in list(job.profiling):
                 self.state.remove_attempt(attempt_id)
@@ -164,6 +164,8 @@ class SchedulerMachine:
         """The one way a job changes state: the lifecycle table, then a record of the change."""
         old = job.state
         job.state = transition(old, new)
+        if job.id in self.state.jobs:
+            self.state.moved(old, new)
         job.state_since = self._now
         if new == JobState.FAILED:
             job.reason = message
@@ -182,7 +184,7 @@ class SchedulerMachine:
             JobChange(job.id, old, new, self._now, kind, message, job.counters(), job.has_checkpoint)
         )
         if new not in LIVE:
-            self.state.jobs.pop(job.id, None)
+            self.state.pop_job(job.id)
             self.estimator.forget(job.id)
 
     def expected_run_s(self, job: Job) -> float | None:
@@ -262,7 +264,7 @@ class SchedulerMachine:
             self.emit(refused)
             return
         job = Job(spec, JobState.PENDING, self._now, self._now)
-        state.jobs[spec.id] = job
+        state.add_job(job)
         self._records.append(
             JobChange(
                 spec.id,

@@ -154,7 +154,7 @@ def on_restored(m: SchedulerMachine, event: StateRestored) -> None:
     state = m.state
     for job in event.jobs:
         assert isinstance(job, Job)
-        state.jobs[job.id] = job
+        state.add_job(job)
     for attempt in event.attempts:
         assert isinstance(attempt, Attempt)
         if attempt.job_id not in state.jobs:

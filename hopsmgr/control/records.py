@@ -110,6 +110,22 @@ class ControlState:
     total_gpus: int = 0
     gpu_types: frozenset[str] = frozenset()
     type_share: dict[str, float] = field(default_factory=dict)
+    counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
+
+    def add_job(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        self.counts[job.state] = self.counts.get(job.state, 0) + 1
+
+    def pop_job(self, job_id: JobId) -> Job | None:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            self.counts[job.state] -= 1
+        return job
+
+    def moved(self, old: JobState, new: JobState) -> None:
+        """Keep `counts` true when a live job changes state."""
+        self.counts[old] = self.counts.get(old, 0) - 1
+        self.counts[new] = self.counts.get(new, 0) + 1
 
     def __post_init__(self) -> None:
         self.total_gpus = sum(n.server.gpus for n in self.nodes.values())

@@ -52,6 +52,17 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     first = not node.seen
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"
+    with ctl.store.grouped():  # one savepoint in the open group commit for the whole heartbeat
+        stop, ack = _handle(ctl, stim, node, beat, changed, first)
+    ctl.heartbeats += 1
+    ctl.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
+    calibrate, node.calibrate_requested = node.calibrate_requested, False
+    return HeartbeatReply(ctl.epoch, ctl.settings.heartbeat_interval_s, tuple(ack), stop, calibrate=calibrate)
+
+
+def _handle(
+    ctl: Controller, stim: str, node: NodeRecord, beat: Heartbeat, changed: bool, first: bool
+) -> tuple[tuple[str, ...], list[str]]:
     was = node.health
     ctl.feed(NodeBeat(stim, node.id, beat.healthy, node.effective_server(), node.usable_gpus), grouped=True)
     if was != node.health and node.health == NodeHealth.HEALTHY:
@@ -71,10 +82,7 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     for command in commands:
         if isinstance(command, NodeReply):
             stop = command.stop
-    ctl.heartbeats += 1
-    ctl.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
-    calibrate, node.calibrate_requested = node.calibrate_requested, False
-    return HeartbeatReply(ctl.epoch, ctl.settings.heartbeat_interval_s, tuple(ack), stop, calibrate=calibrate)
+    return stop, ack
 
 
 def _run_report(attempt_id: str, progress: Progress | None) -> RunReport:

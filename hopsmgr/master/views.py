@@ -228,8 +228,8 @@ def cluster_view(ctl: Controller, loop: Any) -> dict[str, Any]:
         health[n.health] = health.get(n.health, 0) + 1
     used = sum(ctl.state.held().values())
     counts = {s: 0 for s in ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING")}
-    for j in ctl.state.jobs.values():
-        counts[j.state.value] += 1
+    for job_state, count in ctl.machine.state.counts.items():
+        counts[job_state.value] += count
     total = sum(by_type.values())
     return {
         "gpus": total,

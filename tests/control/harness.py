@@ -116,6 +116,8 @@ class Harness:
             assert len([a for a in runs if a.id == job.attempt]) <= 1
         for attempt_id in state.attempts:
             self.seen_attempts.add(attempt_id)
+        live = Counter(j.state for j in state.jobs.values())
+        assert live == Counter({k: n for k, n in state.counts.items() if n}), (live, state.counts)
 
     def close(self) -> None:
         self.check()

@@ -102,6 +102,19 @@ class SimResult:
     busy_gpu_s: float
     total_gpus: int
     span_s: float
+    per_job: list[JobOutcome] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What happened to one job beyond its JobRecord: its requirement set, the GPU types it ran on, how
+    often it was preempted and moved (the rows of `hopsmgr simulate --out`'s jobs.csv)."""
+
+    job_id: str
+    gpus: tuple[int, ...]
+    gpu_types: tuple[str, ...]
+    preemptions: int
+    moves: int
 
 
 @dataclass(slots=True)
@@ -136,6 +149,9 @@ class _JobTruth:
     last_observed: float = -math.inf
     ran_on: set[str] = field(default_factory=set)
     history: list[JobState] = field(default_factory=list)
+    gpu_types: set[str] = field(default_factory=set)
+    preemptions: int = 0
+    moves: int = 0
 
 
 class Simulation:
@@ -364,6 +380,8 @@ class Simulation:
         if change.new == JobState.LAUNCHING and job.first_start is None:
             job.first_start = change.at
         if change.new in TERMINAL:
+            job.preemptions = int(change.counters["preemptions"])
+            job.moves = int(change.counters["migrations"])
             job.final = change.new
             job.end = change.at if change.new == JobState.COMPLETED else None
             job.running_s = change.counters["running_s"]
@@ -374,6 +392,7 @@ class Simulation:
     def _launch(self, command: LaunchAttempt) -> None:
         job = self.jobs[command.job_id]
         parts = [(self.by_id[s], g) for s, g in command.placement.parts]
+        job.gpu_types.update(server.gpu_type for server, _ in parts)
         rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
         start_s = job.spec.restart_s if self.options.launch_s is None else self.options.launch_s
         delay = start_s + (self._solver_delay if self.options.charge_solver else 0.0)
@@ -574,7 +593,21 @@ class Simulation:
             busy_gpu_s=self.busy_gpu_s,
             total_gpus=self.total_gpus,
             span_s=span,
+            per_job=[
+                JobOutcome(
+                    j.spec.id,
+                    j.spec.requirements.counts,
+                    tuple(sorted(j.gpu_types)),
+                    j.preemptions if j.final is not None else self._live_counter(j.spec.id, "preemptions"),
+                    j.moves if j.final is not None else self._live_counter(j.spec.id, "migrations"),
+                )
+                for j in self.order
+            ],
         )
+
+    def _live_counter(self, job_id: str, name: str) -> int:
+        job = self.machine.state.jobs.get(job_id)
+        return int(job.counters()[name]) if job is not None else 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,11 +120,15 @@ class ControlState:
         job = self.jobs.pop(job_id, None)
         if job is not None:
             self.counts[job.state] -= 1
+            if not self.counts[job.state]:
+                del self.counts[job.state]
         return job
 
     def moved(self, old: JobState, new: JobState) -> None:
         """Keep `counts` true when a live job changes state."""
         self.counts[old] = self.counts.get(old, 0) - 1
+        if not self.counts[old]:
+            del self.counts[old]
         self.counts[new] = self.counts.get(new, 0) + 1
 
     def __post_init__(self) -> None:

@@ -47,9 +47,26 @@ def error_response(status: int, field: str | None, message: str) -> web.Response
     return web.json_response({"error": {"status": status, "field": field, "message": message}}, status=status)
 
 
+# the query parameters each operation takes (the OpenAPI document lists the same); any other is refused
+QUERY_PARAMETERS: dict[str, frozenset[str]] = {
+    "/api/v1/jobs": frozenset({"state", "tenant", "user", "limit"}),
+    "/api/v1/jobs/{job}/logs": frozenset({"tail"}),
+}
+
+
+def check_query(request: web.Request) -> None:
+    route = request.match_info.route.resource
+    known = QUERY_PARAMETERS.get(route.canonical, frozenset()) if route is not None else frozenset()
+    for name in request.query:
+        if name not in known:
+            takes = f"(it takes: {', '.join(sorted(known))})" if known else "(it takes none)"
+            raise RequestError(400, name or "query", f"unknown query parameter {name[:40]!r} {takes}")
+
+
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        check_query(request)
         return await handler(request)
     except RequestError as exc:
         return error_response(exc.status, exc.field, exc.message)

@@ -229,7 +229,8 @@ def cluster_view(ctl: Controller, loop: Any) -> dict[str, Any]:
     used = sum(ctl.state.held().values())
     counts = {s: 0 for s in ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING")}
     for job_state, count in ctl.machine.state.counts.items():
-        counts[job_state.value] += count
+        if job_state.value in counts:  # live states (an ended job's state counts 0)
+            counts[job_state.value] += count
     total = sum(by_type.values())
     return {
         "gpus": total,

@@ -106,8 +106,14 @@ def run(
     warm_start: Sequence[int] = (),
     path: str,
     timer: Callable[[], float] | None = None,
+    abs_gap: float | None = None,
+    light_cuts: bool = False,
 ) -> CbcResult:
-    """Solve with CBC within `budget_s` wall seconds (hard): the answer, an incumbent, or "none"."""
+    """Solve with CBC within `budget_s` wall seconds (hard): the answer, an incumbent, or "none".
+
+    `abs_gap`: stop once the incumbent is within this much of the bound (CBC's allowableGap), beside
+    the relative `gap`. `light_cuts`: no Gomory nor probing cuts (on warm-started neighbourhood programs
+    these cost most of the root node and closed no more of the gap)."""
     if budget_s <= 0:
         return CbcResult("none", killed=True)
     clock = timer or (lambda: 0.0)
@@ -129,7 +135,12 @@ def run(
         args += ["-sec", str(max(1, math.ceil(budget_s)))]
         if integer:
             # No `threads`: CBC's threaded search idled until its time limit on tiny programs.
-            args += ["-ratio", repr(gap), "-preprocess", "off", "-solve"]
+            args += ["-ratio", repr(gap), "-preprocess", "off"]
+            if abs_gap is not None and abs_gap > 0:
+                args += ["-allowableGap", repr(abs_gap)]
+            if light_cuts:
+                args += ["-gomoryCuts", "off", "-probingCuts", "off"]
+            args += ["-solve"]
         else:
             args += ["-initialSolve", "-printingOptions", "all"]
         args += ["-solution", sol]

@@ -118,6 +118,7 @@ def solve_by_classes(
             exact_below=0,
             deadline=state.deadline,
             cbc_path=state.settings.cbc_path or None,
+            local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow
         ),
     )
     assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}

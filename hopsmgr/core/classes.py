@@ -108,7 +108,9 @@ def solve_by_classes(
         ex_options,
         ex_capacity,
         ilp.SolveOptions(
-            gap=state.settings.gap,
+            # Half the gap: the refinement's LP bound sits above the exact optimum by the class model's
+            # own loss, so stopping at the full gap from it left plans 1% below the exact bound.
+            gap=state.settings.gap / 2,
             time_limit_s=state.settings.time_limit_s,
             warm_start=warm,
             priority_order=tuple(range(len(jobs))),
@@ -116,6 +118,11 @@ def solve_by_classes(
             # The class answer is a heuristic already: proving the refinement optimal (rather than
             # within the gap) bought nothing measurable and cost half the simulator's solver time.
             exact_below=0,
+            # The neighbourhood MIP, stopped at a tenth of the time limit, is the last solver step: it
+            # reached 0.99-0.999 of the refinement's LP bound at 512-1,024 GPUs, where a MIP over
+            # every option took 0.4-2 s more for a few tenths of a point (docs/benchmarks.md).
+            neighbourhood_s=0.1 * state.settings.time_limit_s,
+            full_mip=False,
             deadline=state.deadline,
             cbc_path=state.settings.cbc_path or None,
             local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow

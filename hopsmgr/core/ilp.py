@@ -62,6 +62,8 @@ class SolveOptions:
     # Rows from this index on (tenant caps) are shared by many items and do not make a neighbourhood
     # (`_neighbourhood`); None: every row is local (a server's GPUs).
     local_rows: int | None = None
+    neighbourhood_s: float | None = None  # at most this long for the neighbourhood MIP (None: to the end)
+    full_mip: bool = True  # after the neighbourhood, a MIP over every option if still not within the gap
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +200,7 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
             ]
 
     remaining = end - timer()
-    if opts.mip and mip_pool and not proven and remaining > 0.05:
+    if opts.mip and opts.full_mip and mip_pool and not proven and remaining > 0.05:
         warm = [k for k, o in enumerate(mip_pool) if best.get(options[o].item) == o]
         mip = _run(options, capacity, mip_pool, False, opts, remaining, warm, spent)
         timed_out |= mip.killed
@@ -342,6 +344,8 @@ def _neighbourhood(
     if not pool:
         return greedy(options, capacity, order, start=fixed)
     remaining = end - timer()
+    if opts.neighbourhood_s is not None:
+        remaining = min(remaining, opts.neighbourhood_s)
     if remaining <= 0.05:
         return greedy(options, capacity, order, start=fixed)
     # The incumbent's choices for the free items, where they fit beside the fixed ones.

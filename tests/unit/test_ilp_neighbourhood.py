@@ -136,3 +136,27 @@ def test_cbc_command_line_carries_the_absolute_gap_and_cut_switches(tmp_path: Pa
     cbc.run([(1.0, [(0, 1.0)])], [1.0], integer=True, gap=0.0, budget_s=5.0, path=str(script))
     plain = log.read_text().split()
     assert "-allowableGap" not in plain and "-gomoryCuts" not in plain
+
+
+def test_no_full_mip_and_a_capped_neighbourhood(monkeypatch: pytest.MonkeyPatch) -> None:
+    # gap 0: the neighbourhood's 8.8 is not proven against the bound 8.95, so only `full_mip` decides
+    # whether a MIP over every option follows; `neighbourhood_s` caps the neighbourhood's budget.
+    calls: list[tuple[bool, float, int]] = []
+    real_run = ilp._run
+
+    def spy(options, capacity, pool, relax, opts, budget_s, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append((relax, budget_s, len(pool)))
+        return real_run(options, capacity, pool, relax, opts, budget_s, *a, **k)
+
+    monkeypatch.setattr(ilp, "_run", spy)
+    sol = ilp.solve(
+        PROGRAM, CAPACITY, SolveOptions(gap=0.0, exact_below=0, full_mip=False, neighbourhood_s=0.7)
+    )
+    assert [relax for relax, _, _ in calls] == [True, False]
+    assert calls[1][1] <= 0.7
+    assert sol.choice == {0: 0, 2: 2, 3: 3}
+    assert not sol.proven
+    calls.clear()
+    sol = ilp.solve(PROGRAM, CAPACITY, SolveOptions(gap=0.0, exact_below=0))
+    assert [relax for relax, _, _ in calls] == [True, False, False]  # the full MIP proves 8.8 optimal
+    assert sol.proven and sol.method == "mip"

@@ -40,7 +40,7 @@ class Option:
 
     def __post_init__(self) -> None:
         # One entry per resource: repeated entries are added up (every check below relies on it).
-        if len({r for r, _ in self.uses}) != len(self.uses):
+        if len(self.uses) > 1 and len({r for r, _ in self.uses}) != len(self.uses):
             merged: dict[int, float] = {}
             for r, amount in self.uses:
                 merged[r] = merged.get(r, 0.0) + amount
@@ -360,7 +360,7 @@ def _neighbourhood(
         start,
         spent,
         abs_gap=max(opts.gap * bound, 1e-9),
-        light_cuts=True,
+        light=True,
     )
     choice = dict(fixed)
     if result.status in ("optimal", "feasible"):
@@ -382,7 +382,7 @@ def _run(
     warm: Sequence[int] = (),
     spent: list[float] | None = None,
     abs_gap: float | None = None,
-    light_cuts: bool = False,
+    light: bool = False,
 ) -> cbc.CbcResult:
     """The program restricted to the options in `pool` (column k = options[pool[k]]), solved by CBC."""
     per_item: dict[int, int] = {}
@@ -411,7 +411,7 @@ def _run(
         path=opts.cbc_path or str(pulp_cbc_path),
         timer=opts.timer,
         abs_gap=abs_gap,
-        light_cuts=light_cuts,
+        light=light,
     )
     if spent is not None:
         spent[0] += result.write_s

@@ -50,7 +50,7 @@ def test_integral_part_away_from_the_fraction_is_kept_and_the_rest_solved(
 
     def spy(options: Sequence[Option], capacity: Sequence[float], pool: Sequence[int], *a, **k):  # type: ignore[no-untyped-def]
         pools.append(list(pool))
-        assert k.get("light_cuts") is True
+        assert k.get("light") is True
         assert k.get("abs_gap") == pytest.approx(0.05 * bound)
         return real_run(options, capacity, pool, *a, **k)
 
@@ -114,7 +114,7 @@ def test_answers_without_the_exact_override_are_feasible_and_honest(instance: In
         assert sol.objective >= optimum * (1 - gap) - 1e-6
 
 
-def test_cbc_command_line_carries_the_absolute_gap_and_cut_switches(tmp_path: Path) -> None:
+def test_cbc_command_line_carries_the_absolute_gap_and_light_switches(tmp_path: Path) -> None:
     log = tmp_path / "args"
     script = tmp_path / "cbc"
     script.write_text(f'#!/bin/sh\necho "$@" > {log}\n')
@@ -127,12 +127,14 @@ def test_cbc_command_line_carries_the_absolute_gap_and_cut_switches(tmp_path: Pa
         budget_s=5.0,
         path=str(script),
         abs_gap=2.5,
-        light_cuts=True,
+        light=True,
     )
     args = log.read_text().split()
     assert args[args.index("-allowableGap") + 1] == "2.5"
     assert args[args.index("-gomoryCuts") + 1] == "off"
     assert args[args.index("-probingCuts") + 1] == "off"
+    assert args[args.index("-strongBranching") + 1] == "0"
+    assert args[args.index("-heuristicsOnOff") + 1] == "off"
     cbc.run([(1.0, [(0, 1.0)])], [1.0], integer=True, gap=0.0, budget_s=5.0, path=str(script))
     plain = log.read_text().split()
     assert "-allowableGap" not in plain and "-gomoryCuts" not in plain

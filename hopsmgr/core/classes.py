@@ -1,7 +1,8 @@
 """The program over server classes, refined into location-specific placements (large clusters).
 
 Servers of one GPU type, host model and number of usable GPUs form a class. The class program has one
-option per (job, class, GPU count), valued at the class's median server: far fewer variables than one
+option per (job, class, GPU count), valued at the median server of the class's GPU type and host
+model: far fewer variables than one
 per (job, server, count). Each class has two rows: its GPUs, and its "large part" slots (a part of more
 than half a server needs a server of its own). A running job's current configuration is an option of
 its own (no restart penalty); spanning configurations stay inside a class.
@@ -96,12 +97,14 @@ def solve_by_classes(
         ),
     )
     t_class = clock()
-    allowed = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
+    allowed, counts = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
     late = state.deadline is not None and t_class >= state.deadline
     # Past the deadline already: no refinement (its configurations alone take seconds at scale); running
     # jobs keep what they hold and the fill places window jobs greedily.
     restricted = set() if late else {jid for jid in window if jid in allowed}
-    ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
+    ex_options, ex_configs, ex_capacity = build_exact_program(
+        state, jobs, restricted, free, running, allowed, counts
+    )
     t_cfg = clock()
     warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
     solution = ilp.solve(
@@ -174,13 +177,15 @@ def _refinement_scope(
     meta: Sequence[_ClassOption],
     support: Mapping[int, tuple[int, ...]],
     free: Mapping[ServerId, int],
-) -> dict[JobId, dict[str, list[Server]]]:
-    """Servers each job may use in the location-specific program that refines the class answer.
+) -> tuple[dict[JobId, dict[str, list[Server]]], dict[JobId, set[int]] | None]:
+    """Servers each job may use in the location-specific program that refines the class answer, and
+    the GPU counts it may take there (None: all of its counts).
 
     Every server of the GPU types the job's LP support uses when that program stays small (the class
     program cannot tell servers of a class apart, nor fragments of a type): within 1% of the exact
     optimum at 512 GPUs. Above `REFINE_BUDGET` estimated options, only the servers of the support's
-    classes (about a point lower, half the time). Numbers: docs/benchmarks.md.
+    classes with the support's GPU counts (at 4,096 GPUs the program over all counts there had 62,000
+    options, too many for the deadline). Numbers: docs/benchmarks.md.
     """
     type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
     whole = sum(
@@ -191,9 +196,10 @@ def _refinement_scope(
     )
     if whole <= SMALL_PROGRAM:
         # Small enough to refine over everything: the class LP's support would only take options away.
-        return {view.id: type_servers for view in jobs if view.id in window}
+        return {view.id: type_servers for view in jobs if view.id in window}, None
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
+    counts: dict[JobId, set[int]] = {}
     for item, chosen in support.items():
         job = jobs[item]
         for o in chosen:
@@ -202,6 +208,7 @@ def _refinement_scope(
                 continue
             gpu_type = classes[c].key[0]
             by_type.setdefault(job.id, {})[gpu_type] = type_servers[gpu_type]
+            counts.setdefault(job.id, set()).add(meta[o].gpus)
             members = by_class.setdefault(job.id, {}).setdefault(gpu_type, [])
             members.extend(s for s in classes[c].servers if s not in members)
     estimate = sum(
@@ -210,11 +217,11 @@ def _refinement_scope(
         for servers in by_type.get(jobs[i].id, {}).values()
     )
     if estimate <= REFINE_BUDGET:
-        return by_type
+        return by_type, None
     for scope in by_class.values():
         for gpu_type, members in scope.items():
             scope[gpu_type] = sorted(members, key=lambda s: (s.order, s.id))
-    return by_class
+    return by_class, counts
 
 
 REFINE_BUDGET = 20_000
@@ -231,6 +238,13 @@ def _class_program(
     """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
     large-part slots. Running jobs also get their current configuration as a pinned option."""
     class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
+    # Single-server options are valued at the median server of the class's GPU type and host model
+    # (not of the class itself): classes that differ only in their free GPUs then share one estimate
+    # per (job, GPU count), a third of the estimates a cold round made at 4,096 GPUs.
+    groups: dict[tuple[str, str], list[Server]] = {}
+    for cls in classes:
+        groups.setdefault(cls.key[:2], []).extend(cls.servers)
+    group_rep = {key: sorted(members, key=_speed_key)[len(members) // 2] for key, members in groups.items()}
     options: list[ilp.Option] = []
     meta: list[_ClassOption] = []
 
@@ -266,7 +280,7 @@ def _class_program(
         for c, cls in enumerate(classes):
             if not state.estimator.has_profile(view.id, cls.key[0]):
                 continue
-            rep = cls.servers[len(cls.servers) // 2]
+            rep = group_rep[cls.key[:2]]
             for gpus in view.spec.requirements:
                 if gpus <= cls.free:
                     uses = [(2 * c, float(gpus))] + ([(2 * c + 1, 1.0)] if 2 * gpus > cls.free else [])

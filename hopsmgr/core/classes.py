@@ -80,24 +80,52 @@ def solve_by_classes(
 ) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
     t0 = clock()
     classes = build_classes(state.servers, free)
-    options, meta = _class_program(state, jobs, window, classes, running)
-    capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
-    tenant_resources(state, jobs, capacity)
+    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    whole = sum(
+        len(servers) * len(view.spec.requirements.counts)
+        for view in jobs
+        if view.id in window
+        for servers in type_servers.values()
+    )
+    skip = whole <= SMALL_PROGRAM
+    if skip:
+        # The refinement will offer every server anyway: the class LP's answer would restrict nothing
+        # (it was one CBC start and a class program's estimates for nothing, in most class-model
+        # rounds of the 512-GPU simulation). The bound reported is then the refinement's LP bound.
+        options: list[ilp.Option] = []
+        meta: list[_ClassOption] = []
+        capacity: list[float] = []
+    else:
+        options, meta = _class_program(state, jobs, window, classes, running)
+        capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
+        tenant_resources(state, jobs, capacity)
     t_build = clock()
-    relaxed = ilp.solve(
-        options,
-        capacity,
-        ilp.SolveOptions(
-            gap=state.settings.gap,
-            time_limit_s=state.settings.time_limit_s,
-            mip=False,
-            timer=clock,
-            deadline=state.deadline,
-            cbc_path=state.settings.cbc_path or None,
-        ),
+    relaxed = (
+        ilp.Solution({}, 0.0, None, False, "skipped", None, 0, 0, 0.0, 0.0)
+        if skip
+        else ilp.solve(
+            options,
+            capacity,
+            ilp.SolveOptions(
+                gap=state.settings.gap,
+                time_limit_s=state.settings.time_limit_s,
+                mip=False,
+                timer=clock,
+                deadline=state.deadline,
+                cbc_path=state.settings.cbc_path or None,
+            ),
+        )
     )
     t_class = clock()
-    allowed, counts = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
+    if skip:
+        allowed: dict[JobId, dict[str, list[Server]]] = {
+            view.id: type_servers for view in jobs if view.id in window
+        }
+        counts: dict[JobId, set[int]] | None = None
+    else:
+        allowed, counts = _refinement_scope(
+            state, jobs, window, classes, meta, relaxed.support, free, type_servers
+        )
     late = state.deadline is not None and t_class >= state.deadline
     # Past the deadline already: no refinement (its configurations alone take seconds at scale); running
     # jobs keep what they hold and the fill places window jobs greedily.
@@ -148,7 +176,7 @@ def solve_by_classes(
         solve_s=relaxed.solve_s + solution.solve_s,
         map_s=t_map - t_solve,
         objective=objective,
-        bound=relaxed.bound,
+        bound=solution.bound if skip else relaxed.bound,
         gap=None,
         proven=False,
         fallback=_fallback(relaxed, solution, late),
@@ -177,6 +205,7 @@ def _refinement_scope(
     meta: Sequence[_ClassOption],
     support: Mapping[int, tuple[int, ...]],
     free: Mapping[ServerId, int],
+    type_servers: Mapping[str, list[Server]],
 ) -> tuple[dict[JobId, dict[str, list[Server]]], dict[JobId, set[int]] | None]:
     """Servers each job may use in the location-specific program that refines the class answer, and
     the GPU counts it may take there (None: all of its counts).
@@ -187,16 +216,6 @@ def _refinement_scope(
     classes with the support's GPU counts (at 4,096 GPUs the program over all counts there had 62,000
     options, too many for the deadline). Numbers: docs/benchmarks.md.
     """
-    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
-    whole = sum(
-        len(servers) * len(view.spec.requirements.counts)
-        for view in jobs
-        if view.id in window
-        for servers in type_servers.values()
-    )
-    if whole <= SMALL_PROGRAM:
-        # Small enough to refine over everything: the class LP's support would only take options away.
-        return {view.id: type_servers for view in jobs if view.id in window}, None
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
     counts: dict[JobId, set[int]] = {}

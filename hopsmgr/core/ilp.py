@@ -185,7 +185,11 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
             else:
                 method = "greedy+lp"  # the greedy plan beat the rounding: a solver answer, not a fallback
             proven = bound <= 0 or objective_of(options, best) >= bound * (1 - opts.gap) - 1e-9
-            if opts.mip and not proven:
+            # A program small enough to be solved exactly goes straight to the MIP over every option:
+            # the neighbourhood would be one CBC start more (~10 ms each, 370 of them in a 500-job
+            # simulation) for a warm start such small MIPs do not need.
+            small = opts.full_mip and len(usable) <= opts.exact_below
+            if opts.mip and not proven and not small:
                 repaired = _neighbourhood(
                     options, capacity, lp_values, reduced_cost, bound, best, order, opts, end, timer, spent
                 )

@@ -54,3 +54,25 @@ def test_class_tier_offers_the_support_counts_and_stays_feasible(monkeypatch: py
     assert all(n <= capacity[sid] for sid, n in used.items())
     assert plan.stats.objective > 0
     assert not plan.stats.proven
+
+
+def test_small_refinement_skips_the_class_lp(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Below SMALL_PROGRAM the refinement covers every server: no class program is built or solved.
+    built: list[int] = []
+    real = class_model._class_program
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(class_model, "_class_program", spy)
+    inst = busy_instance(3, 64, 60)
+    plan = plan_round(inst.snapshot, inst.estimator, SchedulerSettings(solver="classes"))
+    assert built == []
+    assert plan.stats.model == "classes" and not plan.stats.proven
+    assert plan.stats.fallback is None
+    assert plan.stats.bound is not None and plan.stats.bound >= plan.stats.objective * (1 - 1e-6)
+    monkeypatch.setattr(class_model, "SMALL_PROGRAM", 0)
+    again = plan_round(inst.snapshot, inst.estimator, SchedulerSettings(solver="classes"))
+    assert built == [1]
+    assert again.stats.model == "classes"

@@ -62,7 +62,8 @@ class SolveOptions:
     # Rows from this index on (tenant caps) are shared by many items and do not make a neighbourhood
     # (`_neighbourhood`); None: every row is local (a server's GPUs).
     local_rows: int | None = None
-    neighbourhood_s: float | None = None  # at most this long for the neighbourhood MIP (None: to the end)
+    # At most this long for the neighbourhood MIP (None: half the time left, or all without full_mip).
+    neighbourhood_s: float | None = None
     full_mip: bool = True  # after the neighbourhood, a MIP over every option if still not within the gap
 
 
@@ -350,6 +351,10 @@ def _neighbourhood(
     remaining = end - timer()
     if opts.neighbourhood_s is not None:
         remaining = min(remaining, opts.neighbourhood_s)
+    elif opts.full_mip:
+        # Half of what is left: the MIP over every option follows (its own heuristics and strong
+        # branching find plans this light search may not within a long limit).
+        remaining /= 2
     if remaining <= 0.05:
         return greedy(options, capacity, order, start=fixed)
     # The incumbent's choices for the free items, where they fit beside the fixed ones.
@@ -364,7 +369,9 @@ def _neighbourhood(
         start,
         spent,
         abs_gap=max(opts.gap * bound, 1e-9),
-        light=True,
+        # Light search while a gap is allowed; asked for the optimum, CBC keeps its heuristics and
+        # strong branching (without them a gap-0 neighbourhood of 12,000 options found nothing in 30 s).
+        light=opts.gap > 0,
     )
     choice = dict(fixed)
     if result.status in ("optimal", "feasible"):

@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 
 EXECUTORS: tuple[str, ...] = ("local", "ssh")
+PLANNERS: tuple[str, ...] = ("process", "thread")
 _LISTEN_RE = re.compile(r"(?P<host>\[[0-9a-fA-F:]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 
@@ -38,6 +39,8 @@ class MasterSettings:
     ssh_connect_timeout_s: float = 10.0
     ssh_keepalive_s: float = 15.0
     ssh_max_channels: int = 8  # concurrent commands per node connection
+    planner: str = "process"  # where plans are computed: a worker process of its own, or a thread
+    plan_deadline_s: float = 0.0  # hard deadline of a plan from the round's start (0: time_limit_s + 5)
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -68,6 +71,10 @@ class MasterSettings:
             raise bad("ssh_keepalive_s", "must be > 0")
         if not 1 <= self.ssh_max_channels <= 64:
             raise bad("ssh_max_channels", "must be in [1, 64]")
+        if self.planner not in PLANNERS:
+            raise bad("planner", f"must be one of {', '.join(PLANNERS)}")
+        if not (isinstance(self.plan_deadline_s, int | float) and 0 <= self.plan_deadline_s <= 3600):
+            raise bad("plan_deadline_s", "must be in [0, 3600] seconds (0: the solver's time limit + 5 s)")
         if not self.remote_python.strip():
             raise bad("remote_python", "must not be empty")
 

@@ -78,7 +78,7 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
             attempt = _new_attempt(m, action, run)
             if attempt is None:
                 continue
-            attempt.waits_for = {stopping_attempt[j] for j in action.after if j in stopping_attempt}
+            state.wait(attempt, {stopping_attempt[j] for j in action.after if j in stopping_attempt})
             if not attempt.waits_for:
                 m.launch_ready(attempt)
     return len(actions)
@@ -166,8 +166,9 @@ def end_attempt(
             _end_profiling(m, job, attempt, reason, code, profile, tail)
         else:
             _end_run(m, job, attempt, reason, code, checkpointed, tail)
-    for other in list(state.attempts.values()):
-        if attempt.id in other.waits_for:
+    for other_id in sorted(state.waiting_on.pop(attempt.id, ())):
+        other = state.attempts.get(other_id)
+        if other is not None:
             other.waits_for.discard(attempt.id)
             if not other.waits_for and not other.launched:
                 m.launch_ready(other)

@@ -15,17 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
-from hopsmgr.control import acting
+from hopsmgr.control import acting, nodes
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
-    CheckpointAndStop,
     Command,
     JobChange,
     JobNote,
     LaunchAttempt,
-    NodeReply,
     Persist,
     PlanRequest,
     PlanSoon,
@@ -54,11 +53,11 @@ from hopsmgr.control.events import (
     RoundTick,
     StateRestored,
 )
-from hopsmgr.control.records import Attempt, ControlState, Job, Node, NodeHealth
+from hopsmgr.control.records import Attempt, ControlState, Job, Node
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import Server, TenantQuota
-from hopsmgr.core.priority import expected_run_s
+from hopsmgr.core.model import JobSpec, Server, TenantQuota
+from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
 
@@ -95,6 +94,7 @@ class SchedulerMachine:
         self.inflight: int | None = None  # the plan request not answered yet
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
+        self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self._records: list[Record] = []
         self._out: list[Command] = []
@@ -105,15 +105,15 @@ class SchedulerMachine:
             JobCancelled: self._cancelled,  # type: ignore[dict-item]
             AttemptStarted: self._started,  # type: ignore[dict-item]
             AttemptLaunchFailed: self._launch_failed,  # type: ignore[dict-item]
-            AttemptProgressed: self._progressed,  # type: ignore[dict-item]
+            AttemptProgressed: self.progressed,  # type: ignore[dict-item]
             AttemptEnded: self._ended,  # type: ignore[dict-item]
-            NodeBeat: self._beat,  # type: ignore[dict-item]
-            NodeReported: self._reported,  # type: ignore[dict-item]
-            NodeChanged: self._node_changed,  # type: ignore[dict-item]
-            StateRestored: self._restored,  # type: ignore[dict-item]
-            NodeCommandFailed: self._command_failed,  # type: ignore[dict-item]
-            NodeDrained: self._drained,  # type: ignore[dict-item]
-            HealthTick: self._health,  # type: ignore[dict-item]
+            NodeBeat: partial(nodes.on_beat, self),
+            NodeReported: partial(nodes.on_reported, self),
+            NodeChanged: partial(nodes.on_node_changed, self),
+            StateRestored: partial(nodes.on_restored, self),
+            NodeCommandFailed: partial(nodes.on_command_failed, self),
+            NodeDrained: partial(nodes.on_drained, self),
+            HealthTick: partial(nodes.on_health, self),
             RoundTick: self._round,  # type: ignore[dict-item]
             PlanReady: self._plan_ready,  # type: ignore[dict-item]
         }
@@ -132,6 +132,14 @@ class SchedulerMachine:
             out = [Persist(self._stimulus, tuple(self._records)), *out]
         self._records, self._out = [], []
         return out
+
+    def forget(self, job_id: str) -> None:
+        """Undo a submission whose records could not be stored (the driver's transaction failed)."""
+        job = self.state.pop_job(job_id)
+        if job is not None:
+            for attempt_id in list(job.profiling):
+                self.state.remove_attempt(attempt_id)
+            self.estimator.forget(job_id)
 
     # -- helpers used by acting --------------------------------------------------------------------------
 
@@ -156,6 +164,8 @@ class SchedulerMachine:
         """The one way a job changes state: the lifecycle table, then a record of the change."""
         old = job.state
         job.state = transition(old, new)
+        if job.id in self.state.jobs:
+            self.state.moved(old, new)
         job.state_since = self._now
         if new == JobState.FAILED:
             job.reason = message
@@ -174,15 +184,18 @@ class SchedulerMachine:
             JobChange(job.id, old, new, self._now, kind, message, job.counters(), job.has_checkpoint)
         )
         if new not in LIVE:
-            self.state.jobs.pop(job.id, None)
+            self.state.pop_job(job.id)
             self.estimator.forget(job.id)
 
     def expected_run_s(self, job: Job) -> float | None:
         """The job's age (hopsmgr.core.priority.expected_run_s) with the estimator's rates: the one formula."""
-        from hopsmgr.core.planner import priority_context
-
-        snapshot = views.build_snapshot(self.state, self._now, self.settings.exec_error_backoff_s)
-        value = expected_run_s(job.spec, priority_context(snapshot, self.estimator))
+        ctx = PriorityContext(
+            now=self._now,
+            type_share=self.state.type_share,
+            rate=self.estimator.type_rate,
+            total_gpus=self.state.total_gpus,
+        )
+        value = expected_run_s(job.spec, ctx)
         return value if math.isfinite(value) else None
 
     def new_attempt_id(self) -> str:
@@ -204,8 +217,10 @@ class SchedulerMachine:
         )
 
     def fragment_soon(self) -> None:
-        """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs."""
-        if self.settings.fragment_plans and self._fits_idle():
+        """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs
+        (once: until the plan asked for is made, more asking changes nothing)."""
+        if self.settings.fragment_plans and not self.plan_soon and self._fits_idle():
+            self.plan_soon = True
             self.emit(PlanSoon(self._stimulus, "fragment"))
 
     def _fits_idle(self) -> bool:
@@ -220,19 +235,17 @@ class SchedulerMachine:
 
     # -- jobs ---------------------------------------------------------------------------------------------
 
-    def _submitted(self, event: JobSubmitted) -> None:
-        spec = event.spec
+    def refusal(self, spec: JobSpec) -> Reply | None:
+        """Why a submission of `spec` is refused (unknown tenant, more GPUs than it may ever get), or None."""
         state = self.state
         if spec.id in state.jobs:
-            self.emit(Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409))
-            return
+            return Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409)
         quota = state.tenants.get(spec.tenant)
         if state.tenants and quota is None:
             known = ", ".join(sorted(state.tenants))
-            self.emit(
-                Reply(self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422)
+            return Reply(
+                self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422
             )
-            return
         total = state.total_gpus
         limit = min(total, quota.cap_gpus) if quota is not None and quota.cap_gpus is not None else total
         if spec.requirements.minimum > limit:
@@ -240,10 +253,18 @@ class SchedulerMachine:
             message = (
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
-            self.emit(Reply(self._stimulus, None, "gpus", message, 422))
+            return Reply(self._stimulus, None, "gpus", message, 422)
+        return None
+
+    def _submitted(self, event: JobSubmitted) -> None:
+        spec = event.spec
+        state = self.state
+        refused = self.refusal(spec)
+        if refused is not None:
+            self.emit(refused)
             return
         job = Job(spec, JobState.PENDING, self._now, self._now)
-        state.jobs[spec.id] = job
+        state.add_job(job)
         self._records.append(
             JobChange(
                 spec.id,
@@ -258,8 +279,7 @@ class SchedulerMachine:
         )
         for gpu_type, (profile, calibration) in event.profiles.items():
             self.estimator.add_profile(spec.id, gpu_type, profile, calibration)
-        types = {n.server.gpu_type for n in state.nodes.values()}
-        if not self.settings.profiling or types <= self.estimator.profiled_types(spec.id):
+        if not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
             self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
         self.emit(Reply(self._stimulus, spec.id))
         self.fragment_soon()
@@ -345,7 +365,7 @@ class SchedulerMachine:
             reason = "launch_error" if event.job_fault else "launch_failed"
             self.end_attempt(attempt, reason=reason, message=event.message)
 
-    def _progressed(self, event: AttemptProgressed) -> None:
+    def progressed(self, event: AttemptProgressed) -> None:
         attempt = self.state.attempts.get(event.attempt_id)
         job = self.state.jobs.get(attempt.job_id) if attempt is not None else None
         if attempt is None or job is None or attempt.profiling:
@@ -381,161 +401,10 @@ class SchedulerMachine:
     ) -> None:
         acting.end_attempt(self, attempt, reason, code, False, None, message)
 
-    # -- nodes --------------------------------------------------------------------------------------------
-
-    def _beat(self, event: NodeBeat) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is None:
-            self.emit(
-                Reply(self._stimulus, None, "node", f"node {event.node_id!r} is not in this cluster", 404)
-            )
-            return
-        woke = node.health != NodeHealth.HEALTHY and event.healthy
-        node.health = NodeHealth.HEALTHY if event.healthy else NodeHealth.SUSPECT
-        node.last_beat = self._now
-        if event.server is not None:
-            node.server = event.server
-        if event.usable_gpus is not None:
-            node.usable_gpus = min(node.server.gpus, event.usable_gpus)
-        if woke:
-            self.fragment_soon()
-
-    def _command_failed(self, event: NodeCommandFailed) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is not None:
-            node.exec_error_at = self._now
-
-    def _drained(self, event: NodeDrained) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is None:
-            self.emit(Reply(self._stimulus, None, "node", f"no node {event.node_id!r}", 404))
-            return
-        node.drained = event.drained
-        self.emit(Reply(self._stimulus))
-        if not event.drained:
-            self.fragment_soon()
-
-    def _health(self, event: HealthTick) -> None:
-        """HEALTHY -> SUSPECT -> LOST by heartbeat age; a LOST node's attempts end and their jobs requeue."""
-        s = self.settings
-        grace_over = self._now - self.started > s.lost_after_s
-        for node in self.state.nodes.values():
-            since = self._now - (node.last_beat if node.last_beat is not None else self.started)
-            if since > s.lost_after_s and grace_over:
-                node.health = NodeHealth.LOST
-                for attempt in self.state.attempts_on(node.server.id):
-                    self.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
-            elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
-                node.health = NodeHealth.SUSPECT
-
-    def _node_changed(self, event: NodeChanged) -> None:
-        node = self.state.nodes.get(event.node_id)
-        if node is not None:
-            node.server = event.server
-            if event.usable_gpus is not None:
-                node.usable_gpus = min(node.server.gpus, event.usable_gpus)
-
-    def _reported(self, event: NodeReported) -> None:
-        """A heartbeat's list of running attempts: adopt what this machine had not seen start, resend
-        stops stored before a restart and never carried out, follow progress, and end attempts the
-        node no longer runs (after three beats, or at once after a restart for unconfirmed launches)."""
-        state = self.state
-        stop: list[str] = []
-        reported = set(event.finished)
-        for run in event.running:
-            reported.add(run.attempt_id)
-            attempt = state.attempts.get(run.attempt_id)
-            if attempt is None or (attempt.stopping and attempt.job_id not in state.jobs):
-                stop.append(run.attempt_id)
-                continue
-            if attempt.started is None:
-                self._adopt(attempt)
-            if attempt.stopping and not attempt.stop_sent and event.node_id == attempt.primary:
-                attempt.stop_sent = True
-                job = state.jobs.get(attempt.job_id)
-                if job is not None:
-                    self.emit(
-                        CheckpointAndStop(self._stimulus, attempt.id, job.id, attempt.placement, "preempted")
-                    )
-            attempt.unseen_beats = 0
-            job = state.jobs.get(attempt.job_id)
-            if run.iteration is not None and event.node_id == attempt.primary and job is not None:
-                spec = job.spec
-                done = run.iteration * spec.batch_size * spec.requirements.minimum
-                rate = run.samples_per_s if run.measuring else 0.0
-                self._progressed(
-                    AttemptProgressed(self._stimulus, attempt.id, done, rate, run.td_s, run.tw_s)
-                )
-        self._vanished(event.node_id, reported, event.first)
-        self.emit(NodeReply(self._stimulus, event.node_id, tuple(stop)))
-
-    def _adopt(self, attempt: Attempt) -> None:
-        """A node reports an attempt this machine stored but had not seen start (e.g. after a restart)."""
-        attempt.launched = True
-        attempt.started = self._now
-        self._records.append(self.attempt_row(attempt))
-        job = self.state.jobs.get(attempt.job_id)
-        if (
-            job is not None
-            and job.state == JobState.LAUNCHING
-            and not attempt.profiling
-            and job.attempt == attempt.id
-        ):
-            kind = "adopted" if attempt.created < self.started else "started"
-            self.set_state(job, JobState.RUNNING, kind, f"{attempt.id} reported running by {attempt.primary}")
-
-    def _vanished(self, node_id: str, reported: set[str], first: bool) -> None:
-        hb = self.settings.heartbeat_interval_s
-        for attempt in self.state.attempts_on(node_id):
-            if attempt.primary != node_id or attempt.id in reported:
-                continue
-            restarted = first and attempt.created < self.started
-            if attempt.started is None:
-                if restarted:
-                    self.end_attempt(
-                        attempt,
-                        reason="vanished",
-                        message="launch never confirmed before the master restarted",
-                    )
-                continue
-            attempt.unseen_beats += 1
-            # A beat may have been written before the launch and handled after it: only beats well after
-            # the launch count, and it takes three of them.
-            settled = self._now - attempt.started > 3 * hb + 10.0
-            if (attempt.unseen_beats >= 3 and settled) or restarted:
-                self.end_attempt(attempt, reason="vanished", message=f"{node_id} no longer reports it")
-
-    def _restored(self, event: StateRestored) -> None:
-        state = self.state
-        for job in event.jobs:
-            assert isinstance(job, Job)
-            state.jobs[job.id] = job
-        for attempt in event.attempts:
-            assert isinstance(attempt, Attempt)
-            if attempt.job_id not in state.jobs:
-                continue
-            state.add_attempt(attempt)
-            for sid, devices in attempt.devices.items():
-                state.devices_used.setdefault(sid, set()).update(devices)
-            job = state.jobs[attempt.job_id]
-            if attempt.profiling:
-                job.profiling.add(attempt.id)
-            elif job.attempt is None:
-                job.attempt = attempt.id
-            else:
-                job.moving_to = attempt.id
-        for node_id in event.drained:
-            if node_id in state.nodes:
-                state.nodes[node_id].drained = True
-        self.attempt_seq = max(self.attempt_seq, event.attempt_seq)
-        for job in list(state.jobs.values()):
-            if job.state == JobState.PROFILING and not job.profiling:
-                new = JobState.QUEUED if self.estimator.profiled_types(job.id) else JobState.FAILED
-                self.set_state(job, new, "recovered", "profiling run lost while the master was down")
-
     # -- plans --------------------------------------------------------------------------------------------
 
     def _round(self, event: RoundTick) -> None:
+        self.plan_soon = False
         if self.inflight is not None:
             self.first_due = self.first_due or event.kind == "first"
             return
@@ -550,8 +419,9 @@ class SchedulerMachine:
         if s.profiling:
             for job in state.jobs.values():
                 if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
-                    types = {n.server.gpu_type for n in state.nodes.values()}
-                    if job.state == JobState.QUEUED and types <= self.estimator.profiled_types(job.id):
+                    if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
+                        job.id
+                    ):
                         continue
                     to_profile.append(job.spec)
                     waited = self._now - job.spec.submit_time >= s.scheduler.round_seconds

@@ -105,13 +105,45 @@ class ControlState:
     jobs: dict[JobId, Job] = field(default_factory=dict)  # live jobs only
     attempts: dict[str, Attempt] = field(default_factory=dict)  # open attempts only
     devices_used: dict[ServerId, set[int]] = field(default_factory=dict)
+    on_node: dict[ServerId, set[str]] = field(default_factory=dict)  # open attempt ids per node
+    waiting_on: dict[str, set[str]] = field(default_factory=dict)  # attempt -> attempts waiting for its end
+    total_gpus: int = 0
+    gpu_types: frozenset[str] = frozenset()
+    type_share: dict[str, float] = field(default_factory=dict)
+    counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
 
-    @property
-    def total_gpus(self) -> int:
-        return sum(n.server.gpus for n in self.nodes.values())
+    def add_job(self, job: Job) -> None:
+        self.jobs[job.id] = job
+        self.counts[job.state] = self.counts.get(job.state, 0) + 1
+
+    def pop_job(self, job_id: JobId) -> Job | None:
+        job = self.jobs.pop(job_id, None)
+        if job is not None:
+            self.counts[job.state] -= 1
+        return job
+
+    def moved(self, old: JobState, new: JobState) -> None:
+        """Keep `counts` true when a live job changes state."""
+        self.counts[old] = self.counts.get(old, 0) - 1
+        self.counts[new] = self.counts.get(new, 0) + 1
+
+    def __post_init__(self) -> None:
+        self.total_gpus = sum(n.server.gpus for n in self.nodes.values())
+        self.gpu_types = frozenset(n.server.gpu_type for n in self.nodes.values())
+        for n in self.nodes.values():
+            t = n.server.gpu_type
+            self.type_share[t] = self.type_share.get(t, 0.0) + n.server.gpus / max(1, self.total_gpus)
 
     def add_attempt(self, attempt: Attempt) -> None:
         self.attempts[attempt.id] = attempt
+        for sid in attempt.placement.servers:
+            self.on_node.setdefault(sid, set()).add(attempt.id)
+
+    def wait(self, attempt: Attempt, on: set[str]) -> None:
+        """`attempt` launches only once every attempt in `on` has ended."""
+        attempt.waits_for = set(on)
+        for other in on:
+            self.waiting_on.setdefault(other, set()).add(attempt.id)
 
     def assign_devices(self, attempt: Attempt) -> None:
         """Give a launching attempt the lowest free GPU indices of each of its servers (at launch, once
@@ -125,6 +157,10 @@ class ControlState:
         if attempt is not None:
             for sid, devices in attempt.devices.items():
                 self.devices_used.get(sid, set()).difference_update(devices)
+            for sid in attempt.placement.servers:
+                self.on_node.get(sid, set()).discard(attempt_id)
+            for other in attempt.waits_for:
+                self.waiting_on.get(other, set()).discard(attempt_id)
         return attempt
 
     def free_devices(self, config: Config) -> dict[ServerId, tuple[int, ...]]:
@@ -159,4 +195,4 @@ class ControlState:
         return used
 
     def attempts_on(self, node_id: ServerId) -> list[Attempt]:
-        return [a for a in self.attempts.values() if node_id in a.placement.servers]
+        return [self.attempts[a] for a in sorted(self.on_node.get(node_id, ()))]

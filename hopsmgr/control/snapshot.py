@@ -110,5 +110,5 @@ def profiling_budget(state: ControlState, share: float) -> int:
     """[ours] GPUs profiling runs may take now: `share` of the cluster (and at least one job's runs,
     one per GPU type), so a burst of new jobs cannot keep queued work off the GPUs."""
     running = sum(a.placement.gpus for a in state.attempts.values() if a.profiling)
-    types = len({n.server.gpu_type for n in state.nodes.values()})
+    types = len(state.gpu_types)
     return max(0, max(types, int(state.total_gpus * share)) - running)

@@ -17,7 +17,7 @@ import structlog
 from aiohttp import web
 
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.master import views
+from hopsmgr.master import heartbeats, views
 from hopsmgr.master.controller import Controller, Principal, RequestError
 from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
@@ -141,8 +141,8 @@ async def submit(request: web.Request) -> web.Response:
     who = principal(request)
     sub = parse_submission(await body(request))
     ctl = request.app[CTL]
-    job = await ctl.submit(who, sub)
-    return web.json_response(views.job_summary(ctl, views.row_of(job)), status=201)
+    row = await ctl.submit(who, sub)
+    return web.json_response(views.job_summary(ctl, row), status=201)
 
 
 async def list_jobs(request: web.Request) -> web.Response:
@@ -220,7 +220,7 @@ def _drain(drained: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         admin(request)
         ctl = request.app[CTL]
-        return web.json_response(views.node_view(ctl, ctl.set_drained(node_id(request), drained)))
+        return web.json_response(views.node_view(ctl, heartbeats.set_drained(ctl, node_id(request), drained)))
 
     return handler
 
@@ -228,7 +228,7 @@ def _drain(drained: bool) -> Handler:
 async def calibrate_node(request: web.Request) -> web.Response:
     admin(request)
     ctl = request.app[CTL]
-    node = ctl.request_calibration(node_id(request))
+    node = heartbeats.request_calibration(ctl, node_id(request))
     return web.json_response({**views.node_view(ctl, node), "calibration_requested": True})
 
 
@@ -266,7 +266,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     if isinstance(raw, dict):
         check_protocol(raw)
     ctl = request.app[CTL]
-    reply = ctl.heartbeat(parse_heartbeat(raw))
+    reply = heartbeats.heartbeat(ctl, parse_heartbeat(raw))
     await ctl.durable()  # acks only once what they acknowledge is on disk
     return web.json_response(reply.to_json())
 

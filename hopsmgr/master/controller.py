@@ -1,56 +1,68 @@
-"""The master's controller: submissions, cancels, heartbeats, node health and the ends of attempts.
+"""The master's driver of the scheduler state machine: events in from the API and the agents, its
+commands carried out with the store and the executors. It decides nothing of its own.
 
-It owns `MasterState` (the only writer) and the estimator; the round loop (hopsmgr.master.rounds) plans
-and acts through it. Everything here runs on the event-loop thread; the planner runs off it on an
-immutable snapshot, and estimator updates that arrive while it plans are applied once it returns.
-The clock is injected (`clock`), so tests can drive time.
+`Controller.feed(event)` hands one event to `hopsmgr.control.machine.SchedulerMachine`, writes the
+records of the `Persist` that comes back (one transaction, or the open group commit for heartbeats),
+then carries out the node commands in tasks of their own (hopsmgr.master.commands) and wakes the
+round loop when the machine asks for a plan. Submissions are grouped: every submission of ~2 ms is
+handed to the machine and stored in one transaction, and a job is visible only once it committed.
+Heartbeats and node health live in hopsmgr.master.heartbeats. The clock is injected (`clock`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
 from hopsmgr.config import ClusterConfig
+from hopsmgr.control.commands import (
+    AttemptRow,
+    CheckpointAndStop,
+    Command,
+    JobChange,
+    JobNote,
+    LaunchAttempt,
+    Persist,
+    PlanSoon,
+    Reply,
+    StartProfiling,
+    StopAttempt,
+    ThroughputSample,
+)
+from hopsmgr.control.events import Event, JobCancelled, JobSubmitted, NodeChanged, StateRestored
+from hopsmgr.control.machine import ControlSettings, SchedulerMachine
+from hopsmgr.control.records import Attempt, ControlState, Job
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.lifecycle import LIVE, JobState
+from hopsmgr.core.lifecycle import TERMINAL, JobState
 from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
 from hopsmgr.core.planner import Plan
-from hopsmgr.master import faults
+from hopsmgr.core.priority import PriorityContext
 from hopsmgr.master.errors import RequestError
-from hopsmgr.master.executor import Executor, ExecutorError, NodeTarget
-from hopsmgr.master.heartbeats import NodeTracking
+from hopsmgr.master.executor import Executor, NodeTarget
+from hopsmgr.master.planner_process import LoggedEstimator
 from hopsmgr.master.state import (
-    AttemptRecord,
-    JobRecord,
-    MasterState,
-    NodeHealth,
-    calibration_json,
+    JobPayload,
+    NodeRecord,
+    attempt_seq,
+    job_row,
+    load_attempt,
+    load_job,
+    relative,
+    store_counters,
     time_profile,
 )
-from hopsmgr.master.store import Store
-from hopsmgr.protocol import Progress, Submission
+from hopsmgr.master.store import Row, Store
+from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
 
-
-def exit_text(code: int | None) -> str:
-    """How an attempt's process ended, for its job's history: "exited with 3", or for a negative code
-    (the agent reports a death by signal N as -N) "was killed by signal 9 (SIGKILL)"."""
-    if code is None or code >= 0:
-        return f"exited with {code}"
-    try:
-        name = f" ({signal.Signals(-code).name})"
-    except ValueError:
-        name = ""
-    return f"was killed by signal {-code}{name}"
+__all__ = ["Controller", "Principal", "RequestError", "Submission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +73,37 @@ class Principal:
     agent: bool = False
 
 
-class Controller(NodeTracking):
+class StateView:
+    """Read-only access to live jobs, open attempts (the machine's) and nodes (the master's), for views."""
+
+    def __init__(self, control: ControlState, nodes: dict[str, NodeRecord]) -> None:
+        self.control = control
+        self.nodes = nodes
+
+    @property
+    def jobs(self) -> dict[str, Job]:
+        return self.control.jobs
+
+    @property
+    def attempts(self) -> dict[str, Attempt]:
+        return self.control.attempts
+
+    @property
+    def tenants(self) -> dict[str, Any]:
+        return self.control.tenants
+
+    @property
+    def total_gpus(self) -> int:
+        return self.control.total_gpus
+
+    def held(self) -> dict[str, int]:
+        return self.control.held()
+
+    def attempts_on(self, node_id: str) -> list[Attempt]:
+        return sorted(self.control.attempts_on(node_id), key=lambda a: a.id)
+
+
+class Controller:
     def __init__(
         self, config: ClusterConfig, store: Store, executor: Executor, clock: Callable[[], float] = time.time
     ) -> None:
@@ -70,28 +112,46 @@ class Controller(NodeTracking):
         self.clock = clock
         self.store = store
         self.executor = executor
-        self.state = MasterState(store, config.servers, config.tenants)
-        self.estimator = Estimator()
+        m = config.master
+        self.control_settings = ControlSettings(
+            scheduler=config.scheduler,
+            fragment_plans=config.scheduler.fragment_plans,
+            suspect_after_s=m.suspect_after_s,
+            lost_after_s=m.lost_after_s,
+            heartbeat_interval_s=m.heartbeat_interval_s,
+        )
+        self.machine = SchedulerMachine(
+            config.servers, config.tenants, self.control_settings, LoggedEstimator()
+        )
+        self.nodes = {s.id: NodeRecord(s, self.machine.state.nodes[s.id]) for s in config.servers}
+        self.state = StateView(self.machine.state, self.nodes)
+        self.payloads: dict[str, JobPayload] = {}
+        self.stored_attempts: set[str] = set()
         self.epoch = 0
         self.started = 0.0
         self.checkpoint_root = ""
         self.plans: dict[str, Plan] = {}
-        self.positions: dict[str, int] = {}
-        self.wait_ctx: tuple[float | None, Any] | None = (
-            None  # (plan time, PriorityContext) for views  # queue position of each queued job in the latest plan
-        )
-        self.deferred: list[Callable[[], None]] | None = None  # estimator updates held while planning
-        self.wake = asyncio.Event()  # something changed: a fragment plan may place work
-        self.stop_done: dict[str, asyncio.Event] = {}
-        self.ended_lr: deque[tuple[float, float]] = deque(maxlen=10_000)
+        self.positions: dict[str, int] = {}  # queue position of each queued job in the latest plan
+        self.wait_ctx: tuple[float | None, PriorityContext] | None = None  # (plan time, context) for views
+        self.wake = asyncio.Event()  # the machine asked for a fragment plan
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
         self.heartbeats = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self.job_seq = 0
-        self.submissions: list[tuple[JobRecord, str, asyncio.Future[None]]] = []
+        self.submissions: list[tuple[JobSpec, JobPayload, str, asyncio.Future[None]]] = []
         self.durable_waiters: list[asyncio.Future[None]] = []
         self.commit_scheduled = False
-        self.throughput: list[tuple[str, float, dict[str, int], float]] = []  # buffered history rows
+        self.throughput: list[ThroughputSample] = []  # buffered history rows, written by flush()
+        self.written: dict[str, float] = {}  # done samples last written per live job
+        self.on_command: Callable[[Command], None] | None = None  # node commands go to the executors
+
+    @property
+    def estimator(self) -> Estimator:
+        return self.machine.estimator
+
+    @property
+    def ended_lr(self) -> list[tuple[float, float]]:
+        return self.machine.ended_lr
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -99,7 +159,7 @@ class Controller(NodeTracking):
         """Load state from the store, take a new epoch, sync tenants; agents get a full grace period."""
         self.checkpoint_root = checkpoint_root
         self.epoch = self.store.next_epoch(self.clock())
-        self.started = self.clock()
+        self.started = self.machine.started = self.clock()
         self.store.sync_tenants(
             [
                 {
@@ -111,39 +171,67 @@ class Controller(NodeTracking):
                 for t in self.config.tenants
             ]
         )
-        self.state.load()
+        drained = set()
+        for row in self.store.nodes():
+            node = self.nodes.get(row["id"])
+            if node is None:
+                continue
+            if row["drained"]:
+                drained.add(node.id)
+            node.workdir, node.device_mode = row["workdir"], row["device_mode"]
+            if row["calibration"]:
+                node.calibration = Calibration(
+                    **row["calibration"], source=row["calibration_source"] or "measured"
+                )
+        self.sync_servers()
         self.job_seq = int(self.store.meta("job", "0"))
         saved = self.store.load_estimator()
         if saved is not None:
             try:
-                self.estimator = Estimator.from_state(saved)
+                self.machine.estimator = LoggedEstimator.from_state(saved)
             except ModelError as exc:
                 log.warning("estimator_state_unusable", error=str(exc))
-        for row in self.store.profiles(list(self.state.jobs)):  # profiles newer than the saved estimator
+        jobs: list[Job] = []
+        with self.store.transaction():
+            for row in self.store.jobs(
+                states=[s.value for s in JobState if s not in TERMINAL], newest_first=False
+            ):
+                job, payload = load_job(row)
+                jobs.append(job)
+                self.payloads[job.id] = payload
+                self.written[job.id] = job.done_samples
+            live = {j.id for j in jobs}
+            attempts = []
+            for row in self.store.open_attempts():
+                if row["job_id"] not in live:  # a terminal job with an attempt left open: close it now
+                    self.store.update_attempt(row["id"], ended=row["created"], end_reason="orphaned")
+                    continue
+                attempts.append(load_attempt(row))
+                self.stored_attempts.add(row["id"])
+        for row in self.store.profiles(sorted(live)):  # profiles newer than the saved estimator
             if not self.estimator.has_profile(row["job_id"], row["gpu_type"]):
                 try:
+                    profile = time_profile(row["profile"])
                     self.estimator.add_profile(
-                        row["job_id"],
-                        row["gpu_type"],
-                        time_profile(row["profile"]),
-                        Calibration(**row["calibration"]),
+                        row["job_id"], row["gpu_type"], profile, Calibration(**row["calibration"])
                     )
                 except (ModelError, TypeError) as exc:
                     log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
-        for job in self.state.jobs.values():
-            if job.state == JobState.PROFILING and not job.profiling:
-                self._set(
-                    job,
-                    JobState.QUEUED if self.estimator.profiled_types(job.id) else JobState.FAILED,
-                    "recovered",
-                    "profiling run lost while the master was down",
-                )
-        log.info(
-            "master_opened",
-            epoch=self.epoch,
-            live_jobs=len(self.state.jobs),
-            open_attempts=len(self.state.attempts),
-        )
+        seq = int(self.store.meta("attempt", "0"))
+        self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained)))
+        log.info("master_opened", epoch=self.epoch, live_jobs=len(jobs), open_attempts=len(attempts))
+
+    def sync_servers(self, gpu_type: str | None = None) -> None:
+        """Re-derive the planning view of every node (of one GPU type) into the machine: calibrations
+        relative to their type's median (hopsmgr.master.state.relative), usable GPUs."""
+        nodes = [n for n in self.nodes.values() if gpu_type is None or n.server.gpu_type == gpu_type]
+        relative(nodes)
+        for node in nodes:
+            control = self.machine.state.nodes[node.id]
+            server = node.effective_server()
+            if control.server != server or control.usable_gpus != min(server.gpus, node.usable_gpus):
+                event = NodeChanged("calibration", node.id, server, node.usable_gpus)
+                self.machine.handle(event, self.clock())
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -156,72 +244,159 @@ class Controller(NodeTracking):
         if not task.cancelled() and task.exception() is not None:
             log.error("task_failed", error=repr(task.exception()))
 
-    def with_estimator(self, update: Callable[[], None]) -> None:
-        if self.deferred is not None:
-            self.deferred.append(update)
+    # -- the machine ----------------------------------------------------------------------------------
+
+    def handle(self, event: Event) -> list[Command]:
+        return self.machine.handle(event, self.clock())
+
+    def feed(self, event: Event, *, grouped: bool = False) -> list[Command]:
+        """Hand `event` to the machine, store what it records, act on its commands; the commands."""
+        commands = self.handle(event)
+        self.persist(commands, grouped=grouped)
+        self.dispatch(commands)
+        return commands
+
+    def persist(self, commands: Iterable[Command], *, grouped: bool = False) -> None:
+        persists = [c for c in commands if isinstance(c, Persist)]
+        if not persists:
+            return
+        if grouped:
+            with self.store.grouped():
+                for p in persists:
+                    self.write(p.records, p.stimulus_id)
+            self.commit_soon()
         else:
-            update()
+            with self.store.transaction():
+                for p in persists:
+                    self.write(p.records, p.stimulus_id)
+
+    def write(self, records: Sequence[object], stimulus: str = "") -> None:
+        """Store the machine's records (inside the caller's transaction) and log each change."""
+        store = self.store
+        for record in records:
+            if isinstance(record, JobChange):
+                self._write_change(record)
+                if record.old is None:
+                    job = self.machine.state.jobs.get(record.job_id)
+                    tenant, user = (job.spec.tenant, job.spec.user) if job else ("", "")
+                    log.info(
+                        "job_submitted", job_id=record.job_id, tenant=tenant, user=user, stimulus=stimulus
+                    )
+                else:
+                    log.info(
+                        "job_state",
+                        job_id=record.job_id,
+                        state=record.new.value,
+                        kind=record.kind,
+                        message=record.message,
+                        stimulus=stimulus,
+                    )
+            elif isinstance(record, JobNote):
+                job = self.machine.state.jobs.get(record.job_id)
+                store.add_event(
+                    record.job_id, record.at, record.kind, job.state.value if job else None, record.message
+                )
+            elif isinstance(record, AttemptRow):
+                self._write_attempt(record)
+                if record.ended is not None:
+                    log.info(
+                        "attempt_ended",
+                        attempt_id=record.id,
+                        job_id=record.job_id,
+                        reason=record.end_reason,
+                        code=record.exit_code,
+                        stimulus=stimulus,
+                    )
+            elif isinstance(record, ThroughputSample):
+                self.throughput.append(record)
+
+    def _write_change(self, c: JobChange) -> None:
+        store = self.store
+        if c.old is None:
+            job = self.machine.state.jobs.get(c.job_id)
+            payload = self.payloads[c.job_id]
+            if job is not None:
+                row = job_row(job, payload)
+                row.update(state=c.new.value, state_since=c.at)
+                store.insert_job(row)
+            store.add_event(c.job_id, c.at, "submitted", c.new.value, c.message)
+            return
+        values: dict[str, Any] = {
+            "state": c.new.value,
+            "state_since": c.at,
+            **store_counters(c.counters),
+            "has_checkpoint": int(c.has_checkpoint),
+        }
+        if c.new in TERMINAL:
+            values["ended"] = c.at
+            self.payloads.pop(c.job_id, None)
+            self.written.pop(c.job_id, None)
+        if c.new == JobState.FAILED:
+            values["reason"] = c.message
+        store.update_job(c.job_id, **values)
+        store.add_event(c.job_id, c.at, c.kind, c.new.value, c.message)
+        self.written[c.job_id] = c.counters["done_samples"]
+
+    def _write_attempt(self, a: AttemptRow) -> None:
+        devices = {sid: list(d) for sid, d in a.devices.items()}
+        if a.id not in self.stored_attempts:
+            self.stored_attempts.add(a.id)
+            seq = attempt_seq(a.id)
+            self.store.insert_attempt(
+                {
+                    "id": a.id,
+                    "seq": seq,
+                    "job_id": a.job_id,
+                    "placement": a.placement.as_dict(),
+                    "profiling": int(a.profiling),
+                    "epoch": self.epoch,
+                    "created": a.created,
+                    "started": a.started,
+                    "stopping": int(a.stopping),
+                    "resume": int(a.resume),
+                    "devices": devices,
+                }
+            )
+            if seq > int(self.store.meta("attempt", "0")):
+                self.store.set_meta("attempt", str(seq))
+        values: dict[str, Any] = {"started": a.started, "stopping": int(a.stopping), "devices": devices}
+        if a.ended is not None:
+            values.update(ended=a.ended, end_reason=a.end_reason, exit_code=a.exit_code, log_tail=a.log_tail)
+            self.stored_attempts.discard(a.id)
+        self.store.update_attempt(a.id, **values)
+
+    def dispatch(self, commands: Iterable[Command]) -> None:
+        for command in commands:
+            if isinstance(command, PlanSoon):
+                self.wake.set()
+            elif (
+                isinstance(command, LaunchAttempt | StartProfiling | CheckpointAndStop | StopAttempt)
+                and self.on_command is not None
+            ):
+                self.on_command(command)
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    def _set(self, job: JobRecord, new: JobState, kind: str, message: str = "") -> None:
-        now = self.clock()
-        self.state.set_job_state(job, new, now, kind, message)
-        log.info("job_state", job_id=job.id, state=new.value, kind=kind, message=message)
-        if new not in LIVE:
-            expected = self._expected_run_s(job)
-            if expected:  # for RAQLR: the latency ratio of every job that ended
-                self.ended_lr.append((now, (now - job.submitted) / expected))
-
-    def _expected_run_s(self, job: JobRecord) -> float | None:
-        rates = [
-            r
-            for n in self.state.nodes.values()
-            if (
-                r := self.estimator.per_gpu_rate(
-                    job.spec, n.effective_server(), job.spec.requirements.minimum
-                )
-            )
-        ]
-        if not rates:
-            return None
-        return job.spec.total_samples / (max(rates) * job.spec.requirements.minimum)
-
-    async def submit(self, who: Principal, sub: Submission) -> JobRecord:
+    async def submit(self, who: Principal, sub: Submission) -> dict[str, Any]:
+        """Validate, hand to the machine and store (grouped with others); the job's row once committed."""
         tenant = sub.tenant or who.tenant
         if not who.admin and tenant != who.tenant:
             raise RequestError(
                 403, "tenant", f"user {who.user!r} of tenant {who.tenant!r} cannot submit to {tenant!r}"
             )
-        quota = self.state.tenants.get(tenant)
-        if quota is None:
-            raise RequestError(
-                422, "tenant", f"unknown tenant {tenant!r} (known: {', '.join(sorted(self.state.tenants))})"
-            )
         try:
             requirements = RequirementSet.of(sub.gpus)
         except ModelError as exc:
             raise RequestError(400, "gpus", str(exc)) from exc
-        total = self.state.total_gpus
-        limit = min(total, quota.cap_gpus) if quota.cap_gpus is not None else total
-        if requirements.minimum > limit:
-            where = f"tenant {tenant!r} cap of {quota.cap_gpus}" if limit < total else f"cluster's {total}"
-            raise RequestError(
-                422,
-                "gpus",
-                f"the smallest GPU count asked for ({requirements.minimum}) exceeds the {where} GPUs",
-            )
         if sub.samples is not None:
             samples = sub.samples
         else:
             assert sub.iterations is not None
             samples = JobSpec.samples_from_iterations(sub.iterations, sub.batch_size, requirements)
         now = self.clock()
-        seq = self.job_seq + 1
-        job_id = f"j-{seq:06d}"
         try:
             spec = JobSpec(
-                id=job_id,
+                id="j-new",
                 requirements=requirements,
                 total_samples=samples,
                 batch_size=sub.batch_size,
@@ -234,48 +409,55 @@ class Controller(NodeTracking):
             )
         except ModelError as exc:
             raise RequestError(400, None, str(exc)) from exc
-        self.job_seq = seq
-        job = JobRecord(
-            spec=spec,
-            seq=seq,
-            name=sub.name,
-            command=list(sub.command),
-            env=dict(sub.env),
-            workdir=sub.workdir,
-            launcher=sub.launcher,
-            state=JobState.PENDING,
-            submitted=now,
-            state_since=now,
-        )
+        refused = self.machine.refusal(spec)
+        if refused is not None:
+            raise RequestError(refused.status, refused.error_field, refused.error or "refused")
+        self.job_seq += 1
+        seq = self.job_seq
+        job_id = f"j-{seq:06d}"
+        spec = replace(spec, id=job_id)
+        payload = JobPayload(seq, sub.name, tuple(sub.command), dict(sub.env), sub.workdir, sub.launcher)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_later(0.002, self._store_submissions)
-        self.submissions.append((job, f"by {who.user} ({tenant})", future))
+        self.submissions.append((spec, payload, f"by {who.user} ({tenant})", future))
         await future  # the job is stored (and visible) only once its transaction committed
-        return job
+        row = self.store.job(job_id)
+        assert row is not None
+        return row
 
     def _store_submissions(self) -> None:
         """Group commit: every submission of the last ~2 ms in one transaction (one fsync)."""
         batch, self.submissions = self.submissions, []
+        accepted: list[tuple[asyncio.Future[None], list[Command]]] = []
         try:
             with self.store.transaction():
-                for job, message, _ in batch:
-                    self.store.insert_job(job.to_row())
-                    self.store.add_event(job.id, job.submitted, "submitted", JobState.PENDING.value, message)
-                self.store.set_meta("job", str(max(job.seq for job, _, _ in batch)))
+                for spec, payload, message, future in batch:
+                    self.payloads[spec.id] = payload
+                    commands = self.handle(JobSubmitted(f"submit-{spec.id}", spec, message))
+                    reply = next(c for c in commands if isinstance(c, Reply))
+                    if reply.error is not None:
+                        self.payloads.pop(spec.id, None)
+                        future.set_exception(RequestError(reply.status, reply.error_field, reply.error))
+                        continue
+                    for p in commands:
+                        if isinstance(p, Persist):
+                            self.write(p.records, p.stimulus_id)
+                    accepted.append((future, commands))
+                self.store.set_meta("job", str(max(p.seq for _, p, _, _ in batch)))
         except Exception as exc:
-            for _, _, future in batch:
+            for spec, _, _, future in batch:
+                self.machine.forget(spec.id)
+                self.payloads.pop(spec.id, None)
                 if not future.done():
                     future.set_exception(exc)
             return
-        for job, _, future in batch:
-            self.state.jobs[job.id] = job
-            log.info("job_submitted", job_id=job.id, tenant=job.tenant, user=job.spec.user)
+        for future, commands in accepted:
+            self.dispatch(commands)
             if not future.done():
                 future.set_result(None)
-        self.wake.set()
 
-    def visible(self, who: Principal, job_id: str) -> dict[str, Any]:
+    def visible(self, who: Principal, job_id: str) -> Row:
         row = self.store.job(job_id)
         if row is None or (not who.admin and row["tenant"] != who.tenant):
             raise RequestError(404, "id", f"no job {job_id!r}")
@@ -283,222 +465,67 @@ class Controller(NodeTracking):
 
     def cancel(self, who: Principal, job_id: str) -> None:
         self.visible(who, job_id)
-        job = self.state.jobs.get(job_id)
-        if job is None:
+        commands = self.handle(JobCancelled(f"cancel-{job_id}", job_id, by=who.user))
+        reply = next((c for c in commands if isinstance(c, Reply)), None)
+        if reply is not None and reply.error is not None:
             row = self.store.job(job_id)
             raise RequestError(409, "id", f"job {job_id} already ended ({row['state'] if row else '?'})")
-        attempts = [a for a in self.state.attempts.values() if a.job_id == job_id]
-        with self.store.transaction():
-            for a in attempts:
-                a.stopping = True
-                self.store.update_attempt(a.id, stopping=1)
-            self._set(job, JobState.CANCELLED, "cancelled", f"by {who.user}")
-        for a in attempts:
-            self.spawn(self._stop_attempt(a, checkpoint=False, reason="cancelled"))
-
-    # -- attempts ---------------------------------------------------------------------------------------
+        self.persist(commands)
+        self.dispatch(commands)
 
     def target(self, node_id: str) -> NodeTarget:
-        node = self.state.nodes[node_id]
-        return NodeTarget(node_id, node.workdir)
+        return NodeTarget(node_id, self.nodes[node_id].workdir)
 
-    async def _stop_attempt(self, attempt: AttemptRecord, *, checkpoint: bool, reason: str) -> None:
-        """Checkpoint-and-stop (or stop) every part of an attempt; the primary part's exit ends it."""
-        info = None
-        error: str | None = None
-        for index, (node_id, _) in enumerate(attempt.placement.parts):
-            node = self.state.nodes[node_id]
-            if not node.workdir or node.health == NodeHealth.LOST:
-                continue
-            try:
-                if checkpoint and index == 0:
-                    grace = self.settings.stop_grace_s
-                    result = await self.executor.checkpoint(
-                        self.target(node_id), attempt.id, self.epoch, grace, 10.0
-                    )
-                    faults.point("stop.after_command")  # test-only crash hook (hopsmgr.master.faults)
-                else:
-                    result = await self.executor.stop(self.target(node_id), attempt.id, self.epoch, 10.0)
-            except ExecutorError as exc:
-                error = str(exc)
-                result = None
-                self.node_error(node_id, exc)
-            if index == 0:
-                info = result
-        if attempt.id not in self.state.attempts:
-            return  # a heartbeat already reported its end
-        if info is None and error is not None:
-            log.warning("stop_failed", attempt_id=attempt.id, job_id=attempt.job_id, error=error)
-        code = info.code if info else None
-        self.end_attempt(
-            attempt,
-            reason=reason if info is not None or reason == "cancelled" else "stop_failed",
-            code=code,
-            checkpointed=bool(info and info.checkpointed),
-            message=error or "",
-        )
-
-    def end_attempt(
-        self,
-        attempt: AttemptRecord,
-        *,
-        reason: str,
-        code: int | None = None,
-        checkpointed: bool = False,
-        profile: dict[str, float] | None = None,
-        progress: Progress | None = None,
-        log_tail: str = "",
-        message: str = "",
-    ) -> None:
-        """Record the end of an attempt once (later reports of it are ignored) and move its job on."""
-        if self.state.remove_attempt(attempt.id) is None:
-            return
-        now = self.clock()
-        job = self.state.jobs.get(attempt.job_id)
-        if progress is not None:
-            self._progress(attempt, progress)
-        with self.store.transaction():
-            self.store.update_attempt(
-                attempt.id, ended=now, end_reason=reason, exit_code=code, log_tail=log_tail or message or None
-            )
-            if job is not None:
-                self._account(job, attempt, now)
-                if attempt.profiling:
-                    self._end_profiling(job, attempt, reason, code, profile, log_tail or message)
-                else:
-                    self._end_run(job, attempt, reason, code, checkpointed, log_tail or message)
-        log.info("attempt_ended", attempt_id=attempt.id, job_id=attempt.job_id, reason=reason, code=code)
-        done = self.stop_done.pop(attempt.job_id, None)
-        if done is not None:
-            done.set()
-        self.wake.set()
-
-    def _account(self, job: JobRecord, attempt: AttemptRecord, now: float) -> None:
-        if attempt.started is None or attempt.profiling:
-            return
-        ran = max(0.0, now - attempt.started)
-        job.running_s += ran
-        job.attained_gpu_s += ran * attempt.placement.gpus
-
-    def _end_profiling(
-        self,
-        job: JobRecord,
-        attempt: AttemptRecord,
-        reason: str,
-        code: int | None,
-        profile: dict[str, float] | None,
-        tail: str,
-    ) -> None:
-        job.profiling.discard(attempt.id)
-        node = self.state.nodes[attempt.primary]
-        failed = False
-        if code == 0 and profile:
-            try:
-                tp = time_profile(profile)
-            except ModelError as exc:
-                failed, tail = True, f"profile.json is not usable: {exc}"
-            else:
-                server = node.effective_server()
-                self.with_estimator(
-                    lambda: self.estimator.add_profile(job.id, server.gpu_type, tp, server.calibration)
-                )
-                cal = {**calibration_json(server.calibration), "source": server.calibration.source}
-                self.store.add_profile(job.id, server.gpu_type, profile, cal, self.clock())
-                self.state.event(
-                    job,
-                    self.clock(),
-                    "profiled",
-                    f"on {node.id} ({node.server.gpu_type}): {profile.get('samples_per_s', 0):.2f} samples/s",
-                )
-        elif reason in ("exited", "launch_error"):
-            failed = True
-            if code == 0:
-                tail = "it exited 0 without writing a profile: the command must use hopsmgr.runtime"
-        if failed and job.state in (JobState.PENDING, JobState.PROFILING):
-            how = "could not start" if reason == "launch_error" else f"failed (exit {code})"
-            message = f"profiling run on {node.id} {how}: {tail[-1500:]}".strip()
-            for other in list(job.profiling):
-                self.state.attempts[other].stopping = True
-            job.failures += 1
-            self._set(job, JobState.FAILED, "failed", message)
-            return
-        if not job.profiling and job.state == JobState.PROFILING:
-            profiled = self.estimator.profiled_types(job.id)
-            why = (
-                "profiled" if profiled else f"profiling run {attempt.id} on {node.id} {reason}: {tail[-300:]}"
-            )
-            self._set(job, JobState.QUEUED, "queued", why.strip())
-
-    def _end_run(
-        self,
-        job: JobRecord,
-        attempt: AttemptRecord,
-        reason: str,
-        code: int | None,
-        checkpointed: bool,
-        tail: str,
-    ) -> None:
-        if job.attempt != attempt.id:
-            return  # not the job's current attempt (the unused half of a move): nothing to decide
-        job.attempt = None
-        if job.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
-            return
-        lost = reason in ("node_lost", "vanished", "launch_failed")
-        if code == 0 and not lost:
-            if job.state == JobState.LAUNCHING:
-                self._set(job, JobState.RUNNING, "started", "finished before its launch was confirmed")
-            job.done_samples = job.spec.total_samples
-            self._set(job, JobState.COMPLETED, "completed", f"attempt {attempt.id} exited 0")
-        elif checkpointed or attempt.stopping or lost or reason == "stop_failed":
-            if checkpointed:
-                job.has_checkpoint = True
-            job.restarts += 1 if attempt.started is not None else 0
-            if attempt.stopping:
-                job.preemptions += 1
-            if reason == "node_lost":
-                job.node_losses += 1
-            how = "checkpointed" if checkpointed else f"{reason} (exit {code})"
-            if tail and not checkpointed:
-                how += f": {tail[-300:]}"
-            resume = "from its checkpoint" if job.has_checkpoint else "from the start"
-            self._set(job, JobState.QUEUED, "requeued", f"attempt {attempt.id} {how}; resumes {resume}")
-        else:
-            job.failures += 1
-            how = "could not start" if reason == "launch_error" else exit_text(code)
-            tail = tail[-1500:].strip()
-            message = f"attempt {attempt.id} {how}"
-            self._set(job, JobState.FAILED, "failed", f"{message}: {tail}" if tail else message)
-
-    def _progress(self, attempt: AttemptRecord, progress: Progress) -> None:
-        job = self.state.jobs.get(attempt.job_id)
-        attempt.progress = progress
-        if job is None or attempt.profiling:
-            return
-        done = min(
-            job.spec.total_samples, progress.iteration * job.spec.batch_size * job.spec.requirements.minimum
-        )
-        if done != job.done_samples:
-            job.done_samples = done
-            job.dirty = True
-        now = self.clock()
-        if progress.samples_per_s > 0 and progress.mode == "run" and now - attempt.last_observed >= 10.0:
-            attempt.last_observed = now
-            servers = {sid: self.state.nodes[sid].effective_server() for sid in attempt.placement.servers}
-            placement, rate, spec = attempt.placement, progress.samples_per_s, job.spec
-            self.with_estimator(lambda: self.estimator.observe(spec.id, placement, servers, rate, job=spec))
-            self.throughput.append((job.id, now, placement.as_dict(), rate))  # written by flush()
-            if progress.td_s > 0:
-                gpu_type = self.state.nodes[attempt.primary].server.gpu_type
-                td, tw = progress.td_s, progress.tw_s
-                self.with_estimator(lambda: self.estimator.observe_data_time(spec.id, gpu_type, td, tw))
+    def profile_of(self, raw: dict[str, float] | None) -> tuple[Any, str]:
+        """A finished profiling run's profile.json as the estimator's TimeProfile (None, why when unusable)."""
+        if not raw:
+            return None, ""
+        try:
+            return time_profile(raw), ""
+        except ModelError as exc:
+            return None, f"profile.json is not usable: {exc}"
 
     def flush(self) -> None:
-        """Write buffered progress and throughput history in one transaction (called about every second)."""
+        """Write buffered throughput history and progress counters in one transaction (about every second)."""
         rows, self.throughput = self.throughput, []
-        dirty = [j for j in self.state.jobs.values() if j.dirty]
+        dirty = [j for j in self.machine.state.jobs.values() if self.written.get(j.id) != j.done_samples]
         if not rows and not dirty:
             return
         with self.store.transaction():
-            for job_id, time_, placement, rate in rows:
-                self.store.add_throughput(job_id, time_, placement, rate)
-            self.state.flush_progress()
+            for t in rows:
+                self.store.add_throughput(t.job_id, t.at, t.placement.as_dict(), t.samples_per_s)
+            for job in dirty:
+                self.store.update_job(job.id, **store_counters(job.counters()))
+                self.written[job.id] = job.done_samples
+
+    # -- group commit -------------------------------------------------------------------------------------
+
+    async def durable(self) -> None:
+        """Wait until the open group commit is on disk: one commit every ~3 ms for all heartbeats."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.durable_waiters.append(future)
+        self.commit_soon()
+        await future
+
+    def commit_soon(self) -> None:
+        """Commit the open group within ~3 ms (for records of what already happened)."""
+        if not self.commit_scheduled:
+            self.commit_scheduled = True
+            asyncio.get_running_loop().call_later(0.003, self._commit_group)
+
+    def _commit_group(self) -> None:
+        from hopsmgr.master.store import StoreError
+
+        self.commit_scheduled = False
+        waiters, self.durable_waiters = self.durable_waiters, []
+        try:
+            self.store.commit_group()
+        except StoreError as exc:
+            log.critical("state_not_written", error=str(exc))
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)

@@ -54,8 +54,8 @@ class _Writer:
 def prometheus_text(ctl: Controller, loop: Any) -> str:
     w = _Writer()
     states = {s.value: 0 for s in JobState if s.value not in ("COMPLETED", "FAILED", "CANCELLED")}
-    for job in ctl.state.jobs.values():
-        states[job.state.value] += 1
+    for job_state, count in ctl.machine.state.counts.items():
+        states[job_state.value] += count
     w.metric("hopsmgr_jobs", "gauge", "Live jobs by state.", (({"state": s}, n) for s, n in states.items()))
     w.metric(
         "hopsmgr_queue_length",

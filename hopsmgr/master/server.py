@@ -24,6 +24,7 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
+from hopsmgr.master import commands
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
@@ -109,6 +110,7 @@ class MasterProcess:
         self.listen = config.master.listen
         self.runner: web.AppRunner | None = None
         self.ctl: Controller | None = None
+        self.loop: RoundLoop | None = None
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.executor = executor
@@ -123,6 +125,7 @@ class MasterProcess:
         m = self.config.master
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
         ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
+        commands.attach(ctl)
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
@@ -143,6 +146,7 @@ class MasterProcess:
         for address in self.runner.addresses:  # the port actually bound (the config may say 0)
             bound = int(address[1])
         self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
+        self.loop = loop
         self.tasks = [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
         info = {"url": self.url, "pid": os.getpid(), "epoch": ctl.epoch}
         (self.state_dir / "master.json").write_text(json.dumps(info))
@@ -161,6 +165,8 @@ class MasterProcess:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.loop is not None:
+            self.loop.close()
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from hopsmgr.control.snapshot import build_snapshot, waited_s
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobView
 from hopsmgr.core.planner import Plan, priority_context
 from hopsmgr.core.priority import PriorityContext, estimated_wait_s, raqlr
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError
-from hopsmgr.master.state import JobRecord, NodeRecord, build_snapshot, calibration_json
+from hopsmgr.master.state import NodeRecord, calibration_json
 
 TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED")
-
-
-def row_of(job: JobRecord) -> dict[str, Any]:
-    return job.to_row()
 
 
 def _plan(ctl: Controller) -> Plan | None:
@@ -35,7 +32,8 @@ def wait_context(ctl: Controller) -> PriorityContext:
     plan = _plan(ctl)
     key = plan.now if plan is not None else None
     if ctl.wait_ctx is None or ctl.wait_ctx[0] != key:
-        ctl.wait_ctx = (key, priority_context(build_snapshot(ctl.state, ctl.clock())[0], ctl.estimator))
+        snapshot = build_snapshot(ctl.machine.state, ctl.clock(), ctl.control_settings.exec_error_backoff_s)
+        ctl.wait_ctx = (key, priority_context(snapshot, ctl.estimator))
     return ctl.wait_ctx[1]
 
 
@@ -56,7 +54,7 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
         if value is not None:
             view = JobView(job.spec, done_samples=job.done_samples)
             total = estimated_wait_s(view, ctx or wait_context(ctl), value)
-            waited = ctl.clock() - job.submitted - job.running_s
+            waited = waited_s(job, ctl.machine.state, ctl.clock())
             est_wait = None if total is None else max(0.0, total - waited)
     total_samples = row["spec"]["total_samples"]
     return {
@@ -230,8 +228,8 @@ def cluster_view(ctl: Controller, loop: Any) -> dict[str, Any]:
         health[n.health] = health.get(n.health, 0) + 1
     used = sum(ctl.state.held().values())
     counts = {s: 0 for s in ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING")}
-    for j in ctl.state.jobs.values():
-        counts[j.state.value] += 1
+    for job_state, count in ctl.machine.state.counts.items():
+        counts[job_state.value] += count
     total = sum(by_type.values())
     return {
         "gpus": total,

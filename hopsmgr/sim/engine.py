@@ -52,8 +52,8 @@ from hopsmgr.core.metrics import JobRecord, RoundRecord
 from hopsmgr.core.model import Config, JobSpec, Server, TenantQuota
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.nodecontract import EXIT_CHECKPOINTED
 from hopsmgr.policies.base import Policy
-from hopsmgr.runtime.core import EXIT_CHECKPOINTED
 from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob
 
@@ -69,6 +69,10 @@ class SimOptions:
     observe_every_s: float = 300.0
     checkpoint_bytes_per_s: float = 200e6  # checkpoint write speed (GPUs stay held meanwhile)
     checkpoint_fixed_s: float = 5.0
+    # a launch's true start-up, when not the job's restart_s (the planner sees restart_s either way)
+    launch_s: float | None = None
+    round_phase_s: float = 0.0  # the first round this long after the first arrival (live: the master's clock)
+    profile_iterations: int = 0  # > 0: a profiling run lasts profile_s + this many iterations
     max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
 
@@ -98,6 +102,19 @@ class SimResult:
     busy_gpu_s: float
     total_gpus: int
     span_s: float
+    per_job: list[JobOutcome] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """What happened to one job beyond its JobRecord: its requirement set, the GPU types it ran on, how
+    often it was preempted and moved (the rows of `hopsmgr simulate --out`'s jobs.csv)."""
+
+    job_id: str
+    gpus: tuple[int, ...]
+    gpu_types: tuple[str, ...]
+    preemptions: int
+    moves: int
 
 
 @dataclass(slots=True)
@@ -132,6 +149,9 @@ class _JobTruth:
     last_observed: float = -math.inf
     ran_on: set[str] = field(default_factory=set)
     history: list[JobState] = field(default_factory=list)
+    gpu_types: set[str] = field(default_factory=set)
+    preemptions: int = 0
+    moves: int = 0
 
 
 class Simulation:
@@ -208,6 +228,7 @@ class Simulation:
         self._stim = 0
         self._tokens = 0
         self._finished = 0
+        self._observing = False
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def _stimulus(self, what: str) -> str:
@@ -242,7 +263,7 @@ class Simulation:
         for server in self.servers:
             self.feed(NodeBeat(self._stimulus("node"), server.id, True, server, server.gpus))
         round_s = self.policy.round_seconds
-        next_round = self.now
+        next_round = self.now + self.options.round_phase_s
         arrivals = deque(self.order)
         last_arrival = self.order[-1].w.arrival_s
         while self._ended() < len(self.order):
@@ -258,6 +279,12 @@ class Simulation:
                     self._end_run(event)
                 elif isinstance(event, _ProfileEnd):
                     self._end_profile(event)
+                elif isinstance(event, _ObserveTick):
+                    self._observe()
+                    if self.runs:
+                        self._at(self.now + self.options.observe_every_s, _ObserveTick("observe"))
+                    else:
+                        self._observing = False
                 else:
                     self.feed(event)
             while arrivals and arrivals[0].w.arrival_s <= t + _EPS:
@@ -290,7 +317,6 @@ class Simulation:
 
     def _round(self) -> None:
         self._round_solver_s = 0.0
-        self._observe()
         self._solver_delay = 0.0
         self.feed(RoundTick(self._stimulus("round"), "first"))
         if self._fragment_wanted:
@@ -354,6 +380,8 @@ class Simulation:
         if change.new == JobState.LAUNCHING and job.first_start is None:
             job.first_start = change.at
         if change.new in TERMINAL:
+            job.preemptions = int(change.counters["preemptions"])
+            job.moves = int(change.counters["migrations"])
             job.final = change.new
             job.end = change.at if change.new == JobState.COMPLETED else None
             job.running_s = change.counters["running_s"]
@@ -364,8 +392,10 @@ class Simulation:
     def _launch(self, command: LaunchAttempt) -> None:
         job = self.jobs[command.job_id]
         parts = [(self.by_id[s], g) for s, g in command.placement.parts]
+        job.gpu_types.update(server.gpu_type for server, _ in parts)
         rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
-        delay = job.spec.restart_s + (self._solver_delay if self.options.charge_solver else 0.0)
+        start_s = job.spec.restart_s if self.options.launch_s is None else self.options.launch_s
+        delay = start_s + (self._solver_delay if self.options.charge_solver else 0.0)
         run = _Run(
             command.attempt_id,
             job.spec.id,
@@ -377,6 +407,9 @@ class Simulation:
             self._token(),
         )
         self.runs[run.attempt_id] = run
+        if not self._observing:  # running attempts report every observe_every_s (as agents do)
+            self._observing = True
+            self._at(run.ready_at + self.options.observe_every_s, _ObserveTick("observe"))
         self._at(self.now, AttemptStarted(self._stimulus("started"), run.attempt_id))
         finish = run.ready_at + max(0.0, job.spec.total_samples - job.done) / rate if rate > 0 else math.inf
         if math.isfinite(finish):
@@ -387,7 +420,16 @@ class Simulation:
         self.profiles[command.attempt_id] = (token, command.job_id, command.server_id)
         self._at(self.now, AttemptStarted(self._stimulus("started"), command.attempt_id))
         end = _ProfileEnd(self._stimulus("profiled"), command.attempt_id, token=token)
-        self._at(self.now + self.options.profile_s, end)
+        duration = self.options.profile_s
+        if self.options.profile_iterations > 0:
+            job = self.jobs[command.job_id]
+            rate = self.world.true_rate(
+                job.w.model, [(self.by_id[command.server_id], 1)], job_key(job.spec.id)
+            )
+            duration += (
+                self.options.profile_iterations * job.spec.batch_size * job.spec.requirements.minimum / rate
+            )
+        self._at(self.now + duration, end)
 
     def _stop(self, attempt_id: str, *, checkpoint: bool) -> None:
         run = self.runs.get(attempt_id)
@@ -551,7 +593,21 @@ class Simulation:
             busy_gpu_s=self.busy_gpu_s,
             total_gpus=self.total_gpus,
             span_s=span,
+            per_job=[
+                JobOutcome(
+                    j.spec.id,
+                    j.spec.requirements.counts,
+                    tuple(sorted(j.gpu_types)),
+                    j.preemptions if j.final is not None else self._live_counter(j.spec.id, "preemptions"),
+                    j.moves if j.final is not None else self._live_counter(j.spec.id, "migrations"),
+                )
+                for j in self.order
+            ],
         )
+
+    def _live_counter(self, job_id: str, name: str) -> int:
+        job = self.machine.state.jobs.get(job_id)
+        return int(job.counters()[name]) if job is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +617,11 @@ class _RunEnd(Event):
     attempt_id: str = ""
     token: int = 0
     ended: AttemptEnded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ObserveTick(Event):
+    """The simulator's own timer: running attempts report their throughput (every observe_every_s)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ measured types (k80, p100, v100) and "paper" otherwise, unless named.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -286,9 +287,64 @@ def write_outputs(
         "policies": rows,
     }
     (out / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+    write_jobs_csv(out / "jobs.csv", results)
     from hopsmgr.sim.plots import draw_all
 
     draw_all(out, results)
+
+
+JOB_COLUMNS = (
+    "policy",
+    "job",
+    "tenant",
+    "gpus",
+    "arrival_s",
+    "first_start_s",
+    "end_s",
+    "wait_s",
+    "jct_s",
+    "latency_ratio",
+    "gpu_types",
+    "preemptions",
+    "moves",
+    "completed",
+)
+
+
+def write_jobs_csv(path: Path, results: dict[str, SimResult]) -> None:
+    """One row per job and policy: requirement set, times, wait, JCT, latency ratio (wait / expected run
+    time), the GPU types it ran on, preemptions and moves. Lists are space-separated."""
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(JOB_COLUMNS)
+        for name, result in results.items():
+            outcomes = {o.job_id: o for o in result.per_job}
+            for r in result.jobs:
+                o = outcomes.get(r.job_id)
+                jct = r.end_time - r.submit_time if r.end_time is not None else None
+                ratio = r.waited_s / r.expected_run_s if r.expected_run_s > 0 else None
+                writer.writerow(
+                    [
+                        name,
+                        r.job_id,
+                        r.tenant,
+                        " ".join(map(str, o.gpus)) if o else r.gpus_min,
+                        _num(r.submit_time),
+                        _num(r.first_start),
+                        _num(r.end_time),
+                        _num(r.waited_s),
+                        _num(jct),
+                        _num(ratio),
+                        " ".join(o.gpu_types) if o else "",
+                        o.preemptions if o else "",
+                        o.moves if o else "",
+                        int(r.completed),
+                    ]
+                )
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
 
 
 def check_out(out: Path | None) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.control.commands import Command, Persist, PlanRequest, PlanSoon
+from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event, NodeBeat, PlanReady
 from hopsmgr.control.machine import ControlSettings, SchedulerMachine
 from hopsmgr.control.planning import compute_plan
@@ -73,6 +74,11 @@ class Harness:
     def feed(self, event: Event) -> list[Command]:
         """Handle `event` (and the PlanReady of any plan it requests); the commands, in order."""
         out = self.machine.handle(event, self.now)
+        allowed = EMITS[type(event)]
+        assert all(isinstance(c, allowed) for c in out), (
+            type(event).__name__,
+            [type(c).__name__ for c in out],
+        )
         self.check()
         done: list[Command] = []
         for command in out:
@@ -110,6 +116,8 @@ class Harness:
             assert len([a for a in runs if a.id == job.attempt]) <= 1
         for attempt_id in state.attempts:
             self.seen_attempts.add(attempt_id)
+        live = Counter(j.state for j in state.jobs.values())
+        assert live == Counter({k: n for k, n in state.counts.items() if n}), (live, state.counts)
 
     def close(self) -> None:
         self.check()

@@ -48,8 +48,8 @@ def test_launch_args_keep_argv_after_the_separator_verbatim() -> None:
 
 
 def test_profiling_budget_keeps_whole_jobs_in_order() -> None:
+    from hopsmgr.control.planning import within_budget as _within_budget
     from hopsmgr.core.planner import ProfilingRun
-    from hopsmgr.master.rounds import _within_budget
 
     runs = [
         ProfilingRun(j, f"s{k}", t)

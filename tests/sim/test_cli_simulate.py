@@ -7,6 +7,7 @@ value, and nothing written to --out.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -141,6 +142,19 @@ def test_simulate_writes_table_results_and_plots(capsys: pytest.CaptureFixture[s
         assert row["wall_s"] >= 0 and row["peak_rss_mb"] > 0
     assert policies["fifo"]["preemptions"] == 0
     assert_plots(out)
+    with (out / "jobs.csv").open() as f:
+        jobs = list(csv.DictReader(f))
+    assert len(jobs) == 16 and {j["policy"] for j in jobs} == {"hops", "fifo"}
+    for j in jobs:
+        assert j["completed"] == "1" and j["gpu_types"] and set(j["gpu_types"].split()) <= {"v100", "p100"}
+        jct, wait = float(j["jct_s"]), float(j["wait_s"])
+        assert float(j["end_s"]) - float(j["arrival_s"]) == pytest.approx(jct, rel=1e-5)
+        assert 0 <= wait <= jct and float(j["first_start_s"]) >= float(j["arrival_s"])
+        assert [int(g) for g in j["gpus"].split()] and float(j["latency_ratio"]) >= 0
+    fifo = [j for j in jobs if j["policy"] == "fifo"]
+    assert all(j["preemptions"] == "0" and j["moves"] == "0" for j in fifo)
+    hops_preemptions = sum(int(j["preemptions"]) for j in jobs if j["policy"] == "hops")
+    assert hops_preemptions == policies["hops"]["preemptions"]
 
 
 @needs_data

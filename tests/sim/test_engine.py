@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TRANSITIONS, JobState
@@ -113,6 +114,17 @@ class CheckedSimulation(Simulation):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.violations: list[str] = []
+        handle = self.machine.handle
+
+        def checked(event: Event, now: float) -> list[Any]:
+            out = handle(event, now)
+            allowed = EMITS[type(event)]
+            self.violations += [
+                f"{type(event).__name__} -> {type(c).__name__}" for c in out if not isinstance(c, allowed)
+            ]
+            return out
+
+        self.machine.handle = checked  # type: ignore[method-assign]
 
     def feed(self, event: Event) -> None:
         super().feed(event)
@@ -123,7 +135,7 @@ class CheckedSimulation(Simulation):
                 self.violations.append(f"t={self.now}: {sid} claimed {n} GPUs")
         devices: Counter[tuple[str, int]] = Counter()
         for attempt in state.attempts.values():
-            for sid, g in attempt.placement.parts:
+            for sid in attempt.placement.servers:
                 if sid not in self.by_id:
                     self.violations.append(f"t={self.now}: {attempt.id} on unknown server {sid!r}")
             if attempt.launched and sum(len(d) for d in attempt.devices.values()) != attempt.placement.gpus:

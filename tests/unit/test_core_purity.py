@@ -1,4 +1,5 @@
-"""hopsmgr.core stays pure: no I/O, no clock, no logging, no event loop; only ilp.py talks to PuLP."""
+"""hopsmgr.core and the scheduler state machine (hopsmgr.control) stay pure: no I/O, no clock, no
+logging, no event loop; only core/ilp.py talks to PuLP; the machine imports no driver."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import hopsmgr.control
 import hopsmgr.core
 
 CORE = Path(hopsmgr.core.__file__).resolve().parent
-MODULES = sorted(CORE.glob("*.py"))
+CONTROL = Path(hopsmgr.control.__file__).resolve().parent
+MODULES = sorted(CORE.glob("*.py")) + sorted(CONTROL.glob("*.py"))
+DRIVERS = ("hopsmgr.master", "hopsmgr.sim", "hopsmgr.cli", "hopsmgr.local", "hopsmgr.node")
 
 BANNED = frozenset(
     {
@@ -100,6 +104,14 @@ def test_only_stdlib_project_and_solver_imports(path: Path) -> None:
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: p.name)
 def test_no_clock_reads(path: Path) -> None:
     assert clock_reads(path.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("path", sorted(CONTROL.glob("*.py")), ids=lambda p: p.name)
+def test_the_state_machine_imports_no_driver(path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in modules if m.startswith(DRIVERS)], f"{path.name} imports a driver"
 
 
 def test_ilp_is_the_module_that_uses_the_solver() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hopsmgr.cli.main import build_parser
+from hopsmgr.control.diagram import mermaid_diagram as machine_diagram
 from hopsmgr.core.lifecycle import mermaid_diagram
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master.settings import MasterSettings
@@ -63,6 +64,10 @@ def anchors(text: str) -> set[str]:
 
 def test_architecture_contains_the_lifecycle_diagram_verbatim() -> None:
     assert f"```mermaid\n{mermaid_diagram()}```" in read("architecture.md")
+
+
+def test_state_machine_diagram_matches_its_table() -> None:
+    assert f"```mermaid\n{machine_diagram()}```" in read("architecture.md")
 
 
 @pytest.mark.parametrize("field", fields(SchedulerSettings), ids=lambda f: f.name)

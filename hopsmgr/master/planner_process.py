@@ -1,0 +1,180 @@
+"""The planner in a process of its own: plan requests answered off the master's interpreter.
+
+A long-lived worker process (started with `spawn`, so it shares nothing with the event loop) keeps
+the policy and answers each `PlanRequest` with `hopsmgr.control.planning.compute_plan`, on the
+request's immutable snapshot and the estimator's state as the master exported it for that request
+(an immutable copy: the master keeps learning while the worker plans). The master waits for the
+answer without blocking its event loop (the pipe is watched by the loop), up to a hard deadline from
+the round's start; a worker that misses it is killed and replaced, and the round gets
+`fallback_plan`: running jobs keep their placements and waiting jobs are placed first-fit on idle
+GPUs, a plan the round record reports as the fallback it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import multiprocessing.connection
+import time
+from dataclasses import replace
+from typing import Any
+
+import structlog
+
+from hopsmgr.control.commands import PlanRequest
+from hopsmgr.control.events import PlanReady
+from hopsmgr.control.planning import compute_plan
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import Config, JobId
+from hopsmgr.core.plan import Plan, SolverStats
+from hopsmgr.core.settings import SchedulerSettings
+
+log = structlog.get_logger("hopsmgr.master")
+
+
+class LoggedEstimator(Estimator):
+    """The master's estimator: an Estimator that also logs its updates, so that the planner process's
+    copy is brought up to date with the updates since the last plan (a delta), not the whole state."""
+
+    def __init__(self, ewma_alpha: float = 0.3) -> None:
+        super().__init__(ewma_alpha)
+        self.updates: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def add_profile(self, *args: Any, **kwargs: Any) -> None:
+        super().add_profile(*args, **kwargs)
+        self.updates.append(("add_profile", args, kwargs))
+
+    def observe(self, *args: Any, **kwargs: Any) -> None:
+        super().observe(*args, **kwargs)
+        self.updates.append(("observe", args, kwargs))
+
+    def observe_data_time(self, *args: Any, **kwargs: Any) -> None:
+        super().observe_data_time(*args, **kwargs)
+        self.updates.append(("observe_data_time", args, kwargs))
+
+    def forget(self, *args: Any, **kwargs: Any) -> None:
+        super().forget(*args, **kwargs)
+        self.updates.append(("forget", args, kwargs))
+
+    def take_updates(self) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
+        updates, self.updates = self.updates, []
+        return updates
+
+
+def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSettings) -> None:
+    """The worker's loop: a request with the estimator's state (whole, or the updates since the last
+    request) in, PlanReady out, until the pipe closes."""
+    from hopsmgr.policies.base import HopsPolicy
+
+    policy = HopsPolicy(settings)
+    estimator = Estimator()
+    while True:
+        try:
+            request, whole, updates = conn.recv()
+        except (EOFError, OSError):
+            return
+        if whole is not None:
+            estimator = Estimator.from_state(whole)
+        for name, args, kwargs in updates:
+            getattr(estimator, name)(*args, **kwargs)
+        conn.send(compute_plan(request, policy, estimator, time.perf_counter))
+
+
+def fallback_plan(request: PlanRequest, estimator: Estimator, why: str) -> PlanReady:
+    """Keep what runs; place waiting, profiled jobs first-fit (oldest first) at their smallest count."""
+    snapshot = request.snapshot
+    free = dict(snapshot.capacity)
+    assignments: dict[JobId, Config] = {}
+    for view in snapshot.jobs:
+        if view.current is not None:
+            assignments[view.id] = view.current
+            for sid, g in view.current.parts:
+                free[sid] = free.get(sid, 0) - g
+    by_type = {s.id: s.gpu_type for s in snapshot.servers}
+    waiting = sorted(
+        (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
+    )
+    for view in waiting:
+        profiled = estimator.profiled_types(view.id)
+        need = view.spec.requirements.minimum
+        for server in snapshot.servers:
+            if by_type[server.id] in profiled and free.get(server.id, 0) >= need:
+                assignments[view.id] = Config.single(server.id, need)
+                free[server.id] -= need
+                break
+    stats = SolverStats(method="fallback", model="none", proven=False, fallback=why)
+    plan = Plan(
+        request.kind, snapshot.now, assignments, stats=stats, idle_gpus=sum(max(0, f) for f in free.values())
+    )
+    return PlanReady(request.stimulus_id, request.request_id, plan, ())
+
+
+class PlannerProcess:
+    """One worker process at a time; `plan` answers a request by `deadline` (a time.monotonic value)."""
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.settings = settings
+        self.context = multiprocessing.get_context("spawn")
+        self.process: Any = None
+        self.conn: multiprocessing.connection.Connection | None = None
+        self.replaced = 0
+        self.fresh = True  # the worker has no estimator state yet: send it whole
+
+    def start(self) -> None:
+        self.fresh = True
+        parent, child = self.context.Pipe()
+        self.process = self.context.Process(
+            target=_serve, args=(child, self.settings), name="hopsmgr-planner", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.conn = parent
+
+    def stop(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        if self.process is not None:
+            self.process.kill()
+            self.process.join(timeout=5)
+            self.process = None
+
+    async def plan(self, request: PlanRequest, estimator: Estimator, deadline: float) -> PlanReady:
+        if self.conn is None or self.process is None or not self.process.is_alive():
+            self.stop()
+            self.start()
+        assert self.conn is not None
+        loop = asyncio.get_running_loop()
+        conn = self.conn
+        message: tuple[PlanRequest, dict[str, Any] | None, list[Any]]
+        if isinstance(estimator, LoggedEstimator) and not self.fresh:
+            message = (request, None, estimator.take_updates())
+        else:
+            if isinstance(estimator, LoggedEstimator):
+                estimator.take_updates()
+            message = (request, estimator.export_state(), [])
+        self.fresh = False
+        await loop.run_in_executor(None, conn.send, message)
+        answered: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        loop.add_reader(conn.fileno(), readable)
+        try:
+            await asyncio.wait_for(answered, timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            loop.remove_reader(conn.fileno())
+            log.warning("planner_missed_deadline", request=request.request_id, kind=request.kind)
+            self.replaced += 1
+            self.stop()  # a stalled worker is replaced; the next request starts a fresh one
+            why = "the planner process missed the round's deadline: it was replaced"
+            return fallback_plan(request, estimator, why)
+        loop.remove_reader(conn.fileno())
+        try:
+            ready: PlanReady = await loop.run_in_executor(None, conn.recv)
+        except (EOFError, OSError) as exc:
+            self.stop()
+            return fallback_plan(request, estimator, f"the planner process died: {exc!r}")
+        return replace(ready, stimulus_id=request.stimulus_id)

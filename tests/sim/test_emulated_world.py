@@ -1,0 +1,82 @@
+"""EmulatedWorld: its rates are the arithmetic of examples/emulated_train.py on an emulated server."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from hopsmgr.core.model import Server
+from hopsmgr.sim.emulated import EmulatedModel, EmulatedWorld
+
+A100 = Server("node-a100", "a100", 2)
+P100 = Server("node-p100", "p100", 2)
+
+
+def world(**kw: float) -> EmulatedWorld:
+    models = [
+        EmulatedModel("plain", step_s=0.1, batch_size=16),
+        EmulatedModel("rigid2", step_s=0.1, batch_size=16, base_gpus=2),
+        EmulatedModel("misses", step_s=0.1, batch_size=16, miss_every=4, miss_s=0.2),
+    ]
+    return EmulatedWorld({"node-a100": 1.3, "node-p100": 0.6}, models, **kw)
+
+
+def test_rate_is_batch_over_step_time_at_the_speed() -> None:
+    w = world()
+    # the example sleeps 4 x (step / speed / 4) per iteration and counts batch samples
+    step = 4 * (0.1 / 1.3 / 4)
+    assert w.iteration_s("plain", A100) == pytest.approx(step)
+    assert w.true_rate("plain", [(A100, 1)]) == pytest.approx(16 / step)
+    assert w.sample_rate("plain", [(A100, 1)], random.Random(0)) == pytest.approx(16 / step)
+
+
+def test_gpu_count_does_not_change_the_rate_and_the_primary_sets_it() -> None:
+    w = world()
+    assert w.true_rate("plain", [(A100, 2)]) == pytest.approx(w.true_rate("plain", [(A100, 1)]))
+    assert w.true_rate("plain", [(P100, 1), (A100, 1)]) == pytest.approx(16 * 0.6 / 0.1)
+
+
+def test_rigid_jobs_count_work_at_their_smallest_gpu_count_but_report_the_runtime_rate() -> None:
+    w = world()
+    assert w.true_rate("rigid2", [(A100, 2)]) == pytest.approx(2 * 16 * 1.3 / 0.1)
+    assert w.sample_rate("rigid2", [(A100, 2)], random.Random(0)) == pytest.approx(16 * 1.3 / 0.1)
+
+
+def test_misses_and_overhead() -> None:
+    w = world(step_overhead=0.05)
+    # every 4th iteration sleeps 0.2 s more at speed 1: mean 0.15 s of work per iteration
+    assert w.iteration_s("misses", P100) == pytest.approx(0.15 / 0.6 * 1.05)
+    profile = w.profile("misses", P100, random.Random(0))
+    assert profile.td_miss_s - profile.td_hit_s == pytest.approx(0.2 / 0.6 * 1.05)
+    assert profile.p_cache == pytest.approx(0.75)
+
+
+def test_calibration_is_what_an_emulated_agent_reports() -> None:
+    cal = world().calibration(P100)
+    assert (cal.compute_factor, cal.memory_factor, cal.data_factor, cal.source) == (0.6, 0.6, 1.0, "emulated")
+
+
+def test_unknown_model_and_server_are_refused() -> None:
+    w = world()
+    with pytest.raises(ValueError, match="unknown model"):
+        w.true_rate("nope", [(A100, 1)])
+    with pytest.raises(ValueError, match="no emulated speed"):
+        w.true_rate("plain", [(Server("x", "k80", 1), 1)])
+
+
+def test_simulated_executor_charges_the_measured_launch_and_profile_costs() -> None:
+    from hopsmgr.core.model import RequirementSet
+    from hopsmgr.core.settings import SchedulerSettings
+    from hopsmgr.policies.base import HopsPolicy
+    from hopsmgr.sim.engine import SimOptions, Simulation
+    from hopsmgr.sim.workload import WorkloadJob
+
+    w = world()
+    job = WorkloadJob("j-000001", 0.0, "plain", RequirementSet.of([1]), 100 * 16.0, 16)
+    options = SimOptions(profile_s=2.0, profile_iterations=10, launch_s=1.5)
+    policy = HopsPolicy(SchedulerSettings(round_seconds=20.0))
+    result = Simulation(w, [A100], [job], policy, options, lambda: 0.0).run()
+    step = 0.1 / 1.3
+    assert result.jobs[0].completed
+    assert result.jobs[0].end_time == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)

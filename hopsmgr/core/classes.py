@@ -1,7 +1,8 @@
 """The program over server classes, refined into location-specific placements (large clusters).
 
 Servers of one GPU type, host model and number of usable GPUs form a class. The class program has one
-option per (job, class, GPU count), valued at the class's median server: far fewer variables than one
+option per (job, class, GPU count), valued at the median server of the class's GPU type and host
+model: far fewer variables than one
 per (job, server, count). Each class has two rows: its GPUs, and its "large part" slots (a part of more
 than half a server needs a server of its own). A running job's current configuration is an option of
 its own (no restart penalty); spanning configurations stay inside a class.
@@ -79,36 +80,68 @@ def solve_by_classes(
 ) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
     t0 = clock()
     classes = build_classes(state.servers, free)
-    options, meta = _class_program(state, jobs, window, classes, running)
-    capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
-    tenant_resources(state, jobs, capacity)
+    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
+    whole = sum(
+        len(servers) * len(view.spec.requirements.counts)
+        for view in jobs
+        if view.id in window
+        for servers in type_servers.values()
+    )
+    skip = whole <= SMALL_PROGRAM
+    if skip:
+        # The refinement will offer every server anyway: the class LP's answer would restrict nothing
+        # (it was one CBC start and a class program's estimates for nothing, in most class-model
+        # rounds of the 512-GPU simulation). The bound reported is then the refinement's LP bound.
+        options: list[ilp.Option] = []
+        meta: list[_ClassOption] = []
+        capacity: list[float] = []
+    else:
+        options, meta = _class_program(state, jobs, window, classes, running)
+        capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
+        tenant_resources(state, jobs, capacity)
     t_build = clock()
-    relaxed = ilp.solve(
-        options,
-        capacity,
-        ilp.SolveOptions(
-            gap=state.settings.gap,
-            time_limit_s=state.settings.time_limit_s,
-            mip=False,
-            timer=clock,
-            deadline=state.deadline,
-            cbc_path=state.settings.cbc_path or None,
-        ),
+    relaxed = (
+        ilp.Solution({}, 0.0, None, False, "skipped", None, 0, 0, 0.0, 0.0)
+        if skip
+        else ilp.solve(
+            options,
+            capacity,
+            ilp.SolveOptions(
+                gap=state.settings.gap,
+                time_limit_s=state.settings.time_limit_s,
+                mip=False,
+                timer=clock,
+                deadline=state.deadline,
+                cbc_path=state.settings.cbc_path or None,
+            ),
+        )
     )
     t_class = clock()
-    allowed = _refinement_scope(state, jobs, window, classes, meta, relaxed.support, free)
+    if skip:
+        allowed: dict[JobId, dict[str, list[Server]]] = {
+            view.id: type_servers for view in jobs if view.id in window
+        }
+        counts: dict[JobId, set[int]] | None = None
+    else:
+        allowed, counts = _refinement_scope(
+            state, jobs, window, classes, meta, relaxed.support, free, type_servers
+        )
     late = state.deadline is not None and t_class >= state.deadline
     # Past the deadline already: no refinement (its configurations alone take seconds at scale); running
     # jobs keep what they hold and the fill places window jobs greedily.
     restricted = set() if late else {jid for jid in window if jid in allowed}
-    ex_options, ex_configs, ex_capacity = build_exact_program(state, jobs, restricted, free, running, allowed)
+    ex_options, ex_configs, ex_capacity = build_exact_program(
+        state, jobs, restricted, free, running, allowed, counts
+    )
     t_cfg = clock()
     warm = {o.item: k for k, o in enumerate(ex_options) if ex_configs[k] == running.get(jobs[o.item].id)}
     solution = ilp.solve(
         ex_options,
         ex_capacity,
         ilp.SolveOptions(
-            gap=state.settings.gap,
+            # Half the gap: the refinement's LP bound sits above the exact optimum by the class model's
+            # own loss, so stopping at the full gap from it left plans 1% below the exact bound.
+            gap=state.settings.gap / 2,
             time_limit_s=state.settings.time_limit_s,
             warm_start=warm,
             priority_order=tuple(range(len(jobs))),
@@ -116,8 +149,14 @@ def solve_by_classes(
             # The class answer is a heuristic already: proving the refinement optimal (rather than
             # within the gap) bought nothing measurable and cost half the simulator's solver time.
             exact_below=0,
+            # The neighbourhood MIP, stopped at a tenth of the time limit, is the last solver step: it
+            # reached 0.99-0.999 of the refinement's LP bound at 512-1,024 GPUs, where a MIP over
+            # every option took 0.4-2 s more for a few tenths of a point (docs/benchmarks.md).
+            neighbourhood_s=0.1 * state.settings.time_limit_s,
+            full_mip=False,
             deadline=state.deadline,
             cbc_path=state.settings.cbc_path or None,
+            local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow
         ),
     )
     assignment = {jobs[i].id: ex_configs[o] for i, o in solution.choice.items()}
@@ -137,7 +176,7 @@ def solve_by_classes(
         solve_s=relaxed.solve_s + solution.solve_s,
         map_s=t_map - t_solve,
         objective=objective,
-        bound=relaxed.bound,
+        bound=solution.bound if skip else relaxed.bound,
         gap=None,
         proven=False,
         fallback=_fallback(relaxed, solution, late),
@@ -166,26 +205,20 @@ def _refinement_scope(
     meta: Sequence[_ClassOption],
     support: Mapping[int, tuple[int, ...]],
     free: Mapping[ServerId, int],
-) -> dict[JobId, dict[str, list[Server]]]:
-    """Servers each job may use in the location-specific program that refines the class answer.
+    type_servers: Mapping[str, list[Server]],
+) -> tuple[dict[JobId, dict[str, list[Server]]], dict[JobId, set[int]] | None]:
+    """Servers each job may use in the location-specific program that refines the class answer, and
+    the GPU counts it may take there (None: all of its counts).
 
     Every server of the GPU types the job's LP support uses when that program stays small (the class
     program cannot tell servers of a class apart, nor fragments of a type): within 1% of the exact
     optimum at 512 GPUs. Above `REFINE_BUDGET` estimated options, only the servers of the support's
-    classes (about a point lower, half the time). Numbers: docs/benchmarks.md.
+    classes with the support's GPU counts (at 4,096 GPUs the program over all counts there had 62,000
+    options, too many for the deadline). Numbers: docs/benchmarks.md.
     """
-    type_servers = config_gen.group_by_type((state.servers[s] for s in free), free)
-    whole = sum(
-        len(servers) * len(view.spec.requirements.counts)
-        for view in jobs
-        if view.id in window
-        for servers in type_servers.values()
-    )
-    if whole <= SMALL_PROGRAM:
-        # Small enough to refine over everything: the class LP's support would only take options away.
-        return {view.id: type_servers for view in jobs if view.id in window}
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
+    counts: dict[JobId, set[int]] = {}
     for item, chosen in support.items():
         job = jobs[item]
         for o in chosen:
@@ -194,6 +227,7 @@ def _refinement_scope(
                 continue
             gpu_type = classes[c].key[0]
             by_type.setdefault(job.id, {})[gpu_type] = type_servers[gpu_type]
+            counts.setdefault(job.id, set()).add(meta[o].gpus)
             members = by_class.setdefault(job.id, {}).setdefault(gpu_type, [])
             members.extend(s for s in classes[c].servers if s not in members)
     estimate = sum(
@@ -202,11 +236,11 @@ def _refinement_scope(
         for servers in by_type.get(jobs[i].id, {}).values()
     )
     if estimate <= REFINE_BUDGET:
-        return by_type
+        return by_type, None
     for scope in by_class.values():
         for gpu_type, members in scope.items():
             scope[gpu_type] = sorted(members, key=lambda s: (s.order, s.id))
-    return by_class
+    return by_class, counts
 
 
 REFINE_BUDGET = 20_000
@@ -223,6 +257,13 @@ def _class_program(
     """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
     large-part slots. Running jobs also get their current configuration as a pinned option."""
     class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
+    # Single-server options are valued at the median server of the class's GPU type and host model
+    # (not of the class itself): classes that differ only in their free GPUs then share one estimate
+    # per (job, GPU count), a third of the estimates a cold round made at 4,096 GPUs.
+    groups: dict[tuple[str, str], list[Server]] = {}
+    for cls in classes:
+        groups.setdefault(cls.key[:2], []).extend(cls.servers)
+    group_rep = {key: sorted(members, key=_speed_key)[len(members) // 2] for key, members in groups.items()}
     options: list[ilp.Option] = []
     meta: list[_ClassOption] = []
 
@@ -258,7 +299,7 @@ def _class_program(
         for c, cls in enumerate(classes):
             if not state.estimator.has_profile(view.id, cls.key[0]):
                 continue
-            rep = cls.servers[len(cls.servers) // 2]
+            rep = group_rep[cls.key[:2]]
             for gpus in view.spec.requirements:
                 if gpus <= cls.free:
                     uses = [(2 * c, float(gpus))] + ([(2 * c + 1, 1.0)] if 2 * gpus > cls.free else [])

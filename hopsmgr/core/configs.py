@@ -12,7 +12,7 @@ any type can hold its smallest requirement: then it may span servers too (our re
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hopsmgr.core.estimates import Estimator
@@ -79,12 +79,16 @@ def generate(
     servers: Mapping[ServerId, Server],
     estimator: Estimator,
     span: bool,
+    counts: Collection[int] | None = None,
 ) -> list[Candidate]:
-    """All candidate configurations of `job` over the `free` GPUs, with their estimated rates."""
+    """All candidate configurations of `job` over the `free` GPUs, with their estimated rates (only
+    those of `counts` GPUs when given)."""
     out: list[Candidate] = []
     seen: set[Config] = set()
     for type_servers in by_type.values():
         for gpus in job.requirements:
+            if counts is not None and gpus not in counts:
+                continue
             for server in type_servers:
                 if free.get(server.id, 0) >= gpus:
                     per_gpu = estimator.per_gpu_rate(job, server, gpus, 1)

@@ -370,6 +370,7 @@ def _solve_exact(
             timer=clock,
             deadline=state.deadline,
             cbc_path=state.settings.cbc_path or None,
+            local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow
         ),
     )
     assignment = {jobs[i].id: option_configs[o] for i, o in solution.choice.items()}

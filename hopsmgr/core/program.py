@@ -8,7 +8,7 @@ over location-specific configurations, and the top candidates per job for `Plan.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.core import configs as config_gen
@@ -61,11 +61,13 @@ def build_exact_program(
     free: Mapping[ServerId, int],
     running: Mapping[JobId, Config],
     allowed: Mapping[JobId, Mapping[GpuType, Sequence[Server]]] | None = None,
+    counts: Mapping[JobId, Collection[int]] | None = None,
 ) -> tuple[list[ilp.Option], list[Config], list[float]]:
     """The location-specific program: one option per (job, configuration), per-server GPU capacity.
 
-    Window jobs get every generated configuration (over `allowed[job]` servers when given); running jobs
-    outside the window only their current one. A running job always has its current configuration.
+    Window jobs get every generated configuration (over `allowed[job]` servers when given, of
+    `counts[job]` GPUs when given); running jobs outside the window only their current one. A running
+    job always has its current configuration.
     """
     server_ids = sorted(sid for sid in free if free[sid] > 0)
     resource = {sid: r for r, sid in enumerate(server_ids)}
@@ -83,7 +85,13 @@ def build_exact_program(
             )
             by_type = state.by_type if allowed is None else allowed.get(view.id, {})
             generated = config_gen.generate(
-                view.spec, by_type, free_here, state.servers, state.estimator, span
+                view.spec,
+                by_type,
+                free_here,
+                state.servers,
+                state.estimator,
+                span,
+                None if counts is None else counts.get(view.id, ()),
             )
             candidates += [c for c in generated if c.config != current]
         t = tenant_resource.get(view.spec.tenant)

@@ -152,9 +152,9 @@ class PlannerProcess:
         else:
             if isinstance(estimator, LoggedEstimator):
                 estimator.take_updates()
-            message = (request, estimator.export_state(), [])
+            message = (request, estimator.export_state(), [])  # a new worker: the whole state, once
         self.fresh = False
-        await loop.run_in_executor(None, conn.send, message)
+        await loop.run_in_executor(None, conn.send, message)  # pickling in a thread: the loop keeps serving
         answered: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:

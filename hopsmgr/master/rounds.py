@@ -33,6 +33,7 @@ from hopsmgr.policies.base import HopsPolicy, Policy
 log = structlog.get_logger("hopsmgr.master")
 
 __all__ = ["RoundLoop", "rendezvous_port", "torchrun_argv"]
+ESTIMATOR_SAVE_S = 300.0
 
 
 class RoundLoop:
@@ -51,6 +52,7 @@ class RoundLoop:
         self.solve_s: list[float] = []
         self.rounds = 0
         self.last: dict[str, Any] = {}
+        self.estimator_saved = -ESTIMATOR_SAVE_S
 
     async def run(self) -> None:
         """First plans every round_seconds; fragment plans when the machine asks for one in between."""
@@ -173,7 +175,12 @@ class RoundLoop:
         }
         self.last = record
         if plan.kind == "first" or launches or stops:
+            # The estimator's state (all it learnt) is saved every ESTIMATOR_SAVE_S; profiles are stored
+            # as they arrive, so a crash loses at most that long of running observations.
+            save = plan.kind == "first" and time.monotonic() - self.estimator_saved >= ESTIMATOR_SAVE_S
             with ctl.store.transaction():
                 ctl.store.add_round(record)
-                if plan.kind == "first":
+                if save:
                     ctl.store.save_estimator(ctl.estimator.export_state(), request.snapshot.now)
+            if save:
+                self.estimator_saved = time.monotonic()

@@ -16,6 +16,7 @@ from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master.planner_process import PlannerProcess, fallback_plan
 from hopsmgr.policies.base import HopsPolicy
+from tests.helpers.fakes import stalling_cbc as fake_cbc
 
 
 def request_of(snapshot: ClusterSnapshot, request_id: int = 1) -> PlanRequest:
@@ -24,10 +25,7 @@ def request_of(snapshot: ClusterSnapshot, request_id: int = 1) -> PlanRequest:
 
 @pytest.fixture
 def stalling_cbc(tmp_path: Path) -> str:
-    script = tmp_path / "cbc"
-    script.write_text("#!/bin/sh\nsleep 60\n")
-    script.chmod(0o755)
-    return str(script)
+    return fake_cbc(tmp_path)
 
 
 def test_a_plan_from_the_worker_process_is_the_inline_plan() -> None:

@@ -19,6 +19,7 @@ from hopsmgr.core.ilp import Option, SolveOptions
 from hopsmgr.core.planner import plan_fragments, plan_round
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
+from tests.helpers.fakes import stalling_cbc as fake_cbc
 
 # A contended program: the LP bound (3.95) is not reached by rounding, so the MIP is needed.
 KNAPSACK = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
@@ -26,10 +27,7 @@ KNAPSACK = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 
 
 @pytest.fixture
 def stalling_cbc(tmp_path: Path) -> str:
-    script = tmp_path / "cbc"
-    script.write_text("#!/bin/sh\nsleep 60\n")
-    script.chmod(0o755)
-    return str(script)
+    return fake_cbc(tmp_path)
 
 
 def test_stalled_cbc_is_killed_and_the_answer_is_the_greedy_fallback(stalling_cbc: str) -> None:

@@ -171,9 +171,9 @@ class MasterProcess:
             for task in list(self.ctl.tasks):
                 task.cancel()
             self.ctl.flush()
-            with contextlib.suppress(Exception):  # what the estimator learnt since its last save
-                with self.ctl.store.transaction():
-                    self.ctl.store.save_estimator(self.ctl.estimator.export_state(), self.ctl.clock())
+            # what the estimator learnt since its last save
+            with contextlib.suppress(Exception), self.ctl.store.transaction():
+                self.ctl.store.save_estimator(self.ctl.estimator.export_state(), self.ctl.clock())
             await self.ctl.executor.close()
         if self.runner is not None:
             await self.runner.cleanup()

@@ -185,8 +185,14 @@ class Simulation:
             profiling=options.profiling,
             observe_every_s=0.0,  # the simulator reports every observe_every_s itself
         )
+        # A trace's tenants (Philly's virtual clusters) need not be declared in the cluster file: those
+        # it does not name get the defaults (no guarantee, no cap, weight 1), as they would be declared.
+        quotas = dict(tenants or {})
+        if quotas:
+            for w in workload:
+                quotas.setdefault(w.tenant, TenantQuota(w.tenant))
         self.machine = SchedulerMachine(
-            tuple(self.servers), tuple((tenants or {}).values()), settings, estimator, started=0.0
+            tuple(self.servers), tuple(quotas.values()), settings, estimator, started=0.0
         )
         self.jobs: dict[str, _JobTruth] = {}
         self.order: list[_JobTruth] = []

@@ -22,7 +22,7 @@ from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TRANSITIONS, JobState
-from hopsmgr.core.model import ClusterSnapshot, Config, RequirementSet, Server
+from hopsmgr.core.model import ClusterSnapshot, Config, RequirementSet, Server, TenantQuota
 from hopsmgr.core.planner import Plan, PlanKind
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.base import Policy, Timer
@@ -453,3 +453,22 @@ def test_error_over_time_bins_seen_and_unseen_samples() -> None:
     # Long runs: about `bins` bins of whole hours.
     assert [b["hour"] for b in error_over_time(result, bins=2)] == [0.0, 2.0]
     assert error_over_time(SimResult("p", "", [], [], [], [], 0, 0, 0.0, 1, 0.0)) == []
+
+
+def test_tenants_of_a_trace_need_not_be_declared() -> None:
+    """Philly's virtual clusters arrive as tenants the cluster file does not name: they run with the
+    default quota beside the declared ones (the live master would refuse them at submission)."""
+    workload = [dataclasses.replace(j, tenant=f"vc{k % 3}") for k, j in enumerate(small_workload(jobs=6))]
+    sim = Simulation(
+        WORLD,
+        SERVERS,
+        workload,
+        make_policy("hops", SchedulerSettings()),
+        SimOptions(profile_s=PROFILE_S, seed=1),
+        time.perf_counter,
+        tenants={"declared": TenantQuota("declared", guaranteed_gpus=4)},
+    )
+    result = sim.run()
+    assert all(r.completed for r in result.jobs)
+    assert {r.tenant for r in result.jobs} == {"vc0", "vc1", "vc2"}
+    assert set(sim.machine.state.tenants) == {"declared", "vc0", "vc1", "vc2"}

@@ -73,7 +73,9 @@ class MasterSettings:
             raise bad("ssh_max_channels", "must be in [1, 64]")
         if self.planner not in PLANNERS:
             raise bad("planner", f"must be one of {', '.join(PLANNERS)}")
-        if not (isinstance(self.plan_deadline_s, int | float) and 0 <= self.plan_deadline_s <= 3600):
+        if isinstance(self.plan_deadline_s, bool) or not (
+            isinstance(self.plan_deadline_s, int | float) and 0 <= self.plan_deadline_s <= 3600
+        ):
             raise bad("plan_deadline_s", "must be in [0, 3600] seconds (0: the solver's time limit + 5 s)")
         if not self.remote_python.strip():
             raise bad("remote_python", "must not be empty")

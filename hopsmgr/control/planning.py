@@ -1,6 +1,7 @@
 """Answering a PlanRequest: the profiling runs the budget allows, then the policy's plan (pure).
 
-`compute_plan` is what a driver runs for the machine's PlanRequest: in the simulator inline, in the
+`compute_plan` is what a driver runs for the machine's PlanRequest; `fallback_plan` is the answer when
+the planner cannot give one in time: in the simulator inline, in the
 master off the event loop. It reads the estimator and the policy (which may keep state between calls,
 as Gavel's does) and nothing else; time arrives as the snapshot's `now`, `timer` only measures.
 """
@@ -14,6 +15,8 @@ from dataclasses import replace
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
 from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import Config, JobId
+from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, ProfilingRun, profiling_runs
 from hopsmgr.policies.base import Policy
 
@@ -73,3 +76,32 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
     else:
         plan = Plan(request.kind, snapshot.now, {})
     return PlanReady(request.stimulus_id, request.request_id, plan, tuple(runs), timer() - t0)
+
+
+def fallback_plan(request: PlanRequest, estimator: Estimator, why: str) -> PlanReady:
+    """Keep what runs; place waiting, profiled jobs first-fit (oldest first) at their smallest count."""
+    snapshot = request.snapshot
+    free = dict(snapshot.capacity)
+    assignments: dict[JobId, Config] = {}
+    for view in snapshot.jobs:
+        if view.current is not None:
+            assignments[view.id] = view.current
+            for sid, g in view.current.parts:
+                free[sid] = free.get(sid, 0) - g
+    by_type = {s.id: s.gpu_type for s in snapshot.servers}
+    waiting = sorted(
+        (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
+    )
+    for view in waiting:
+        profiled = estimator.profiled_types(view.id)
+        need = view.spec.requirements.minimum
+        for server in snapshot.servers:
+            if by_type[server.id] in profiled and free.get(server.id, 0) >= need:
+                assignments[view.id] = Config.single(server.id, need)
+                free[server.id] -= need
+                break
+    stats = SolverStats(method="fallback", model="none", proven=False, fallback=why)
+    plan = Plan(
+        request.kind, snapshot.now, assignments, stats=stats, idle_gpus=sum(max(0, f) for f in free.values())
+    )
+    return PlanReady(request.stimulus_id, request.request_id, plan, ())

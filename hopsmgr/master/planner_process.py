@@ -5,9 +5,9 @@ the policy and answers each `PlanRequest` with `hopsmgr.control.planning.compute
 request's immutable snapshot and the estimator's state as the master exported it for that request
 (an immutable copy: the master keeps learning while the worker plans). The master waits for the
 answer without blocking its event loop (the pipe is watched by the loop), up to a hard deadline from
-the round's start; a worker that misses it is killed and replaced, and the round gets
-`fallback_plan`: running jobs keep their placements and waiting jobs are placed first-fit on idle
-GPUs, a plan the round record reports as the fallback it is.
+the round's start; a worker that misses it is killed and replaced, and the round gets the state
+machine's `fallback_plan` (hopsmgr.control.planning), which the round record reports as the fallback
+it is.
 """
 
 from __future__ import annotations
@@ -23,10 +23,8 @@ import structlog
 
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
-from hopsmgr.control.planning import compute_plan
+from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import Config, JobId
-from hopsmgr.core.plan import Plan, SolverStats
 from hopsmgr.core.settings import SchedulerSettings
 
 log = structlog.get_logger("hopsmgr.master")
@@ -78,35 +76,6 @@ def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSetti
         for name, args, kwargs in updates:
             getattr(estimator, name)(*args, **kwargs)
         conn.send(compute_plan(request, policy, estimator, time.perf_counter))
-
-
-def fallback_plan(request: PlanRequest, estimator: Estimator, why: str) -> PlanReady:
-    """Keep what runs; place waiting, profiled jobs first-fit (oldest first) at their smallest count."""
-    snapshot = request.snapshot
-    free = dict(snapshot.capacity)
-    assignments: dict[JobId, Config] = {}
-    for view in snapshot.jobs:
-        if view.current is not None:
-            assignments[view.id] = view.current
-            for sid, g in view.current.parts:
-                free[sid] = free.get(sid, 0) - g
-    by_type = {s.id: s.gpu_type for s in snapshot.servers}
-    waiting = sorted(
-        (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
-    )
-    for view in waiting:
-        profiled = estimator.profiled_types(view.id)
-        need = view.spec.requirements.minimum
-        for server in snapshot.servers:
-            if by_type[server.id] in profiled and free.get(server.id, 0) >= need:
-                assignments[view.id] = Config.single(server.id, need)
-                free[server.id] -= need
-                break
-    stats = SolverStats(method="fallback", model="none", proven=False, fallback=why)
-    plan = Plan(
-        request.kind, snapshot.now, assignments, stats=stats, idle_gpus=sum(max(0, f) for f in free.values())
-    )
-    return PlanReady(request.stimulus_id, request.request_id, plan, ())
 
 
 class PlannerProcess:

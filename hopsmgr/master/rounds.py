@@ -19,7 +19,7 @@ import structlog
 
 from hopsmgr.control.commands import AttemptRow, CheckpointAndStop, Command, Persist, PlanRequest
 from hopsmgr.control.events import PlanReady, RoundTick
-from hopsmgr.control.planning import compute_plan
+from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.planner import PlanKind
@@ -27,7 +27,7 @@ from hopsmgr.master import faults
 from hopsmgr.master.commands import rendezvous_port, torchrun_argv
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.heartbeats import check_health
-from hopsmgr.master.planner_process import PlannerProcess, fallback_plan
+from hopsmgr.master.planner_process import PlannerProcess
 from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")

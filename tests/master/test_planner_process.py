@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from hopsmgr.control.commands import PlanRequest
-from hopsmgr.control.planning import compute_plan
+from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.model import ClusterSnapshot
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
-from hopsmgr.master.planner_process import PlannerProcess, fallback_plan
+from hopsmgr.master.planner_process import PlannerProcess
 from hopsmgr.policies.base import HopsPolicy
 from tests.helpers.fakes import stalling_cbc as fake_cbc
 

@@ -377,3 +377,18 @@ def test_junk_in_valid_document_only_raises_config_error(section: str, field: st
         assert str(err).startswith("junk.toml: ")
     else:
         assert config.total_gpus > 0
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("planner", '"gpu"'),
+        ("plan_deadline_s", "-1"),
+        ("plan_deadline_s", "true"),
+        ("plan_deadline_s", "7200"),
+    ],
+)
+def test_planner_settings_are_checked_naming_the_key(tmp_path: Path, key: str, value: str) -> None:
+    text = '[[servers]]\nid = "a"\ngpu_type = "v100"\ngpus = 4\n\n[master]\n' + f"{key} = {value}\n"
+    with pytest.raises(ConfigError, match=rf"master\.{key}"):
+        load_cluster_config(write(tmp_path, text))

@@ -109,8 +109,8 @@ def run_live(
         cluster.stop()
     for job_id, d in details.items():
         submitted[job_id] = float(d["submitted"])
-    attempts = _attempt_rows(root / "state" / "state.db")
-    throughput = _throughput_rows(root / "state" / "state.db")
+    attempts = _rows(root / "state" / "state.db", "attempts")
+    throughput = _rows(root / "state" / "state.db", "throughput")
     return {
         "ids": ids,
         "details": details,
@@ -121,20 +121,12 @@ def run_live(
     }
 
 
-def _attempt_rows(db: Path) -> list[dict[str, Any]]:
+def _rows(db: Path, table: str) -> list[dict[str, Any]]:
+    """Every row of one of the live master's tables (read-only), in insertion order."""
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row
     try:
-        return [dict(r) for r in con.execute("SELECT * FROM attempts ORDER BY seq")]
-    finally:
-        con.close()
-
-
-def _throughput_rows(db: Path) -> list[dict[str, Any]]:
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    con.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in con.execute("SELECT * FROM throughput ORDER BY seq")]
+        return [dict(r) for r in con.execute(f"SELECT * FROM {table} ORDER BY seq")]
     finally:
         con.close()
 

@@ -23,6 +23,7 @@ from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.store import StoreError
+from hopsmgr.master.tokens import new_token
 from hopsmgr.protocol import (
     ID,
     JOB_ID_PATTERN,
@@ -272,7 +273,7 @@ async def create_token(request: web.Request) -> web.Response:
         raise RequestError(
             422, "tenant", f"unknown tenant {tenant!r} (known: {', '.join(sorted(ctl.state.tenants))})"
         )
-    token = secrets.token_urlsafe(32)
+    token = new_token()
     ctl.store.add_token(token, user, tenant, is_admin, ctl.clock())
     return web.json_response({"token": token, "user": user, "tenant": tenant, "admin": is_admin}, status=201)
 

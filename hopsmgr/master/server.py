@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import secrets
 import signal
 import ssl
 import sys
@@ -31,6 +30,7 @@ from hopsmgr.master.executor import Executor, LocalExecutor
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.master.store import Store
+from hopsmgr.master.tokens import new_token
 
 log = structlog.get_logger("hopsmgr.master")
 
@@ -57,7 +57,7 @@ def read_or_create_secret(path: Path) -> str:
         if len(value) < 16:
             raise StartError(f"{path}: the token in it is too short (at least 16 characters)")
         return value
-    value = secrets.token_urlsafe(32)
+    value = new_token()
     write_secret(path, value)
     return value
 
@@ -130,7 +130,7 @@ class MasterProcess:
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
         if store.count_tokens(admin=True) == 0:
-            token = secrets.token_urlsafe(32)
+            token = new_token()
             store.add_token(token, "admin", self.config.tenants[0].name, True, ctl.clock())
             write_secret(self.state_dir / "admin.token", token)
             log.info("admin_token_created", path=str(self.state_dir / "admin.token"))

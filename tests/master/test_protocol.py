@@ -113,3 +113,11 @@ def test_nul_bytes_in_a_log_tail_are_replaced_not_refused() -> None:
         {**BASE, "finished": [{"attempt": "a", "job": "j", "code": 1, "log_tail": "x\x00y"}]}
     )
     assert beat.finished[0].log_tail == "x\ufffdy"
+
+
+def test_new_tokens_never_start_like_a_command_line_option() -> None:
+    from hopsmgr.master.tokens import new_token
+
+    tokens = {new_token() for _ in range(2000)}  # about 31 of 2000 urlsafe tokens start with "-"
+    assert len(tokens) == 2000 and not [t for t in tokens if t.startswith("-")]
+    assert all(len(t) >= 43 for t in tokens)

@@ -65,6 +65,10 @@ class SolveOptions:
     # At most this long for the neighbourhood MIP (None: half the time left, or all without full_mip).
     neighbourhood_s: float | None = None
     full_mip: bool = True  # after the neighbourhood, a MIP over every option if still not within the gap
+    # Programs with at most this many usable options are first solved by a branch and bound in this
+    # process, within `enumerate_nodes` search nodes; one that needs more goes on to the LP and CBC.
+    enumerate_below: int = 48
+    enumerate_nodes: int = 20_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,22 +146,31 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         return Solution({}, 0.0, 0.0, True, "empty", None, 0, 0, 0.0, 0.0)
 
     usable = [i for i, o in enumerate(options) if o.value > 0 and _fits(o, list(capacity))]
-    uncontended = _best_per_item(options, capacity, usable)
-    if uncontended is not None:
-        # Every item's most valuable option fits alongside the others: no plan can do better.
+
+    def optimal(choice: dict[int, int], method: str) -> Solution:
+        value = objective_of(options, choice)
         return Solution(
-            choice=uncontended,
-            objective=objective_of(options, uncontended),
-            bound=objective_of(options, uncontended),
+            choice=choice,
+            objective=value,
+            bound=value,
             proven=True,
-            method="uncontended",
+            method=method,
             fallback=None,
             variables=len(usable),
             constraints=len(capacity) + len(items),
             build_s=0.0,
             solve_s=timer() - t0,
-            support={item: (o,) for item, o in uncontended.items()},
+            support={item: (o,) for item, o in choice.items()},
         )
+
+    uncontended = _best_per_item(options, capacity, usable)
+    if uncontended is not None:
+        # Every item's most valuable option fits alongside the others: no plan can do better.
+        return optimal(uncontended, "uncontended")
+    if len(usable) <= opts.enumerate_below:
+        found = enumerate_best(options, capacity, usable, opts.enumerate_nodes)
+        if found is not None:
+            return optimal(found, "enumerated")
     if len(usable) <= opts.exact_below:
         opts = replace(opts, gap=0.0)
     bound: float | None = None
@@ -242,6 +255,65 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         support=support,
         timed_out=timed_out,
     )
+
+
+class _TooManyNodes(Exception):
+    pass
+
+
+def enumerate_best(
+    options: Sequence[Option], capacity: Sequence[float], usable: Sequence[int], node_limit: int
+) -> dict[int, int] | None:
+    """[ours] The optimal choice of a small program by depth-first branch and bound, or None when the
+    search would visit more than `node_limit` nodes.
+
+    Items are taken by their best option's value, options by value; a branch is cut when its value
+    plus every remaining item's best cannot beat the incumbent. A small round (a lab's cluster, most
+    fragment plans) is then solved exactly without starting CBC, which costs ~10-30 ms a start.
+    """
+    by_item: dict[int, list[int]] = {}
+    for o in usable:
+        by_item.setdefault(options[o].item, []).append(o)
+    for opts in by_item.values():
+        opts.sort(key=lambda o: -options[o].value)
+    items = sorted(by_item, key=lambda i: (-options[by_item[i][0]].value, i))
+    suffix = [0.0] * (len(items) + 1)
+    for k in range(len(items) - 1, -1, -1):
+        suffix[k] = suffix[k + 1] + options[by_item[items[k]][0]].value
+    free = list(capacity)
+    chosen: dict[int, int] = {}
+    best_value = -1.0
+    best: dict[int, int] = {}
+    nodes = 0
+
+    def search(k: int, value: float) -> None:
+        nonlocal best_value, best, nodes
+        nodes += 1
+        if nodes > node_limit:
+            raise _TooManyNodes
+        if value > best_value + 1e-12:
+            best_value, best = value, dict(chosen)
+        if k == len(items) or value + suffix[k] <= best_value + 1e-12:
+            return
+        item = items[k]
+        for o in by_item[item]:
+            option = options[o]
+            if value + option.value + suffix[k + 1] <= best_value + 1e-12:
+                break  # options are sorted: no later one can do better
+            if _fits(option, free):
+                _take(option, free)
+                chosen[item] = o
+                search(k + 1, value + option.value)
+                del chosen[item]
+                for r, amount in option.uses:
+                    free[r] += amount
+        search(k + 1, value)
+
+    try:
+        search(0, 0.0)
+    except _TooManyNodes:
+        return None
+    return best
 
 
 def _best_per_item(

@@ -5,6 +5,7 @@ CBC is called through PuLP; instances stay tiny so the suite is fast.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,9 @@ from hypothesis import strategies as st
 
 from hopsmgr.core import ilp
 from hopsmgr.core.ilp import Option, SolveOptions, greedy, is_feasible, objective_of, solve
+
+# These tests are about the LP/CBC path: the in-process branch and bound for small programs is off.
+CbcOptions = functools.partial(SolveOptions, enumerate_below=0)
 
 Instance = tuple[list[Option], list[float]]
 
@@ -101,7 +105,7 @@ def jumping_clock(step: float) -> Callable[[], float]:
 @given(instances())
 def test_gap_zero_is_optimal(instance: Instance) -> None:
     options, capacity = instance
-    sol = solve_proven(options, capacity, SolveOptions(gap=0.0))
+    sol = solve_proven(options, capacity, CbcOptions(gap=0.0))
     check_solution(options, capacity, sol)
     optimum = brute_force(options, capacity)
     assert sol.objective == pytest.approx(optimum, abs=1e-6)
@@ -115,7 +119,7 @@ def test_gap_zero_is_optimal(instance: Instance) -> None:
 @given(instances(), st.sampled_from([0.05, 0.2]), st.booleans())
 def test_positive_gap_is_within_the_gap(instance: Instance, gap: float, lp_first: bool) -> None:
     options, capacity = instance
-    sol = solve_proven(options, capacity, SolveOptions(gap=gap, lp_first=lp_first))
+    sol = solve_proven(options, capacity, CbcOptions(gap=gap, lp_first=lp_first))
     check_solution(options, capacity, sol)
     optimum = brute_force(options, capacity)
     assert sol.objective <= optimum + 1e-6
@@ -126,7 +130,7 @@ def test_positive_gap_is_within_the_gap(instance: Instance, gap: float, lp_first
 def test_knapsack_needs_the_mip() -> None:
     # cap 4: A (3 GPUs, 3.0), B and C (2 GPUs, 1.9 each). LP bound 3.95 (A + B/2); integer optimum B + C.
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
-    sol = solve_proven(options, [4.0], SolveOptions(gap=0.0))
+    sol = solve_proven(options, [4.0], CbcOptions(gap=0.0))
     check_solution(options, [4.0], sol)
     assert sol.choice == {1: 1, 2: 2}
     assert sol.objective == pytest.approx(3.8)
@@ -149,7 +153,7 @@ def test_uncontended_program_needs_no_solver(monkeypatch: pytest.MonkeyPatch) ->
         Option(1, 1.0, ((0, 4.0),)),
         Option(1, 1.5, ((0, 2.0),)),
     ]
-    sol = solve(options, [4.0, 4.0], SolveOptions(gap=0.0))
+    sol = solve(options, [4.0, 4.0], CbcOptions(gap=0.0))
     check_solution(options, [4.0, 4.0], sol)
     assert sol.method == "uncontended"
     assert sol.proven
@@ -160,7 +164,7 @@ def test_uncontended_program_needs_no_solver(monkeypatch: pytest.MonkeyPatch) ->
 def test_contended_program_is_not_taken_for_uncontended() -> None:
     # Both items' best options want the same 4 GPUs: the shortcut must not fire.
     options = [Option(0, 3.0, ((0, 4.0),)), Option(0, 1.0, ((1, 4.0),)), Option(1, 2.5, ((0, 4.0),))]
-    sol = solve(options, [4.0, 4.0], SolveOptions(gap=0.0))
+    sol = solve(options, [4.0, 4.0], CbcOptions(gap=0.0))
     check_solution(options, [4.0, 4.0], sol)
     assert sol.method != "uncontended"
     assert sol.objective == pytest.approx(3.5)
@@ -172,7 +176,7 @@ def test_tiny_mip_is_proven_without_stalling() -> None:
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
     for attempt in range(60):
         start = time.perf_counter()
-        sol = solve(options, [4.0], SolveOptions(gap=0.0, time_limit_s=1.0, lp_first=False))
+        sol = solve(options, [4.0], CbcOptions(gap=0.0, time_limit_s=1.0, lp_first=False))
         elapsed = time.perf_counter() - start
         assert elapsed < 3.0, f"attempt {attempt}: a 3-variable MIP took {elapsed:.1f} s (time limit 1 s)"
         assert sol.proven, f"attempt {attempt}: not proven ({sol.method})"
@@ -182,7 +186,7 @@ def test_tiny_mip_is_proven_without_stalling() -> None:
 def test_one_option_per_item() -> None:
     # Item 0 has two options on different resources; taking both would be worth more but is not allowed.
     options = [Option(0, 5.0, ((0, 1.0),)), Option(0, 4.0, ((1, 1.0),)), Option(1, 1.0, ((1, 1.0),))]
-    sol = solve(options, [1.0, 1.0], SolveOptions(gap=0.0))
+    sol = solve(options, [1.0, 1.0], CbcOptions(gap=0.0))
     assert sol.choice == {0: 0, 1: 2}
     assert sol.objective == pytest.approx(6.0)
 
@@ -251,7 +255,7 @@ def test_greedy_is_feasible_and_maximal(instance: Instance, rnd: object) -> None
 
 def test_no_time_left_falls_back_to_greedy() -> None:
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
-    opts = SolveOptions(gap=0.0, time_limit_s=0.5, lp_first=False, timer=jumping_clock(1.0))
+    opts = CbcOptions(gap=0.0, time_limit_s=0.5, lp_first=False, timer=jumping_clock(1.0))
     sol = solve(options, [4.0], opts)
     check_solution(options, [4.0], sol)
     assert sol.method == "greedy"
@@ -265,7 +269,7 @@ def test_no_time_for_the_mip_after_the_lp() -> None:
     # feasible and honestly not proven.
     # The clock jumps 0.6 s per reading: the LP starts with about 1.4 s left, the MIP check comes too late.
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
-    opts = SolveOptions(gap=0.0, time_limit_s=2.0, timer=jumping_clock(0.6))
+    opts = CbcOptions(gap=0.0, time_limit_s=2.0, timer=jumping_clock(0.6))
     sol = solve(options, [4.0], opts)
     check_solution(options, [4.0], sol)
     assert not sol.proven
@@ -280,7 +284,7 @@ def test_tiny_budget_is_feasible_and_consistent(
     instance: Instance, lp_first: bool, gap: float, step: float
 ) -> None:
     options, capacity = instance
-    opts = SolveOptions(gap=gap, time_limit_s=0.05, lp_first=lp_first, timer=jumping_clock(step))
+    opts = CbcOptions(gap=gap, time_limit_s=0.05, lp_first=lp_first, timer=jumping_clock(step))
     sol = solve(options, capacity, opts)
     check_solution(options, capacity, sol)
     optimum = brute_force(options, capacity)
@@ -293,7 +297,7 @@ def test_tiny_budget_is_feasible_and_consistent(
 
 
 def test_empty_options() -> None:
-    sol = solve([], [4.0], SolveOptions())
+    sol = solve([], [4.0], CbcOptions())
     assert sol.choice == {}
     assert sol.objective == 0.0
     assert sol.proven
@@ -303,7 +307,7 @@ def test_empty_options() -> None:
 
 def test_nothing_usable_is_proven_empty() -> None:
     options = [Option(0, 5.0, ((0, 9.0),)), Option(1, -2.0, ((0, 1.0),)), Option(2, 0.0, ((0, 1.0),))]
-    sol = solve(options, [4.0], SolveOptions())
+    sol = solve(options, [4.0], CbcOptions())
     assert sol.choice == {}
     assert sol.objective == 0.0
     assert sol.proven
@@ -322,7 +326,7 @@ def test_is_feasible_and_objective_of() -> None:
 
 def test_warm_start_is_validated() -> None:
     options = [Option(0, 1.0, ((0, 1.0),)), Option(1, 5.0, ((0, 1.0),))]
-    opts = SolveOptions(gap=0.0, warm_start={0: 1, 7: 99, 1: 1})  # first two are nonsense
+    opts = CbcOptions(gap=0.0, warm_start={0: 1, 7: 99, 1: 1})  # first two are nonsense
     sol = solve(options, [1.0], opts)
     check_solution(options, [1.0], sol)
     assert sol.choice == {1: 1}
@@ -341,7 +345,7 @@ def test_program_merges_repeated_resources() -> None:
     # X uses (0, 1) twice = 2 GPUs; with Y (1 GPU) that is 3 > 2. Were only the last pair kept (the PuLP
     # pitfall), the LP would take both (bound 3.5); merged, the LP bound is 2.5 and the optimum X alone.
     options = [Option(0, 2.0, ((0, 1.0), (0, 1.0))), Option(1, 1.5, ((0, 1.0),))]
-    sol = solve(options, [2.0], SolveOptions(gap=0.0))
+    sol = solve(options, [2.0], CbcOptions(gap=0.0))
     assert sol.bound == pytest.approx(2.5)  # the LP saw both entries
     check_solution(options, [2.0], sol)
     assert sol.choice == {0: 0}
@@ -358,7 +362,7 @@ def test_greedy_merges_repeated_resources() -> None:
 def test_solve_merges_repeated_resources(lp_first: bool) -> None:
     # Option 0 needs 4 of the 3 GPUs in total: it can never be chosen.
     options = [Option(0, 5.0, ((0, 2.0), (0, 2.0))), Option(1, 1.0, ((0, 1.0),))]
-    sol = solve(options, [3.0], SolveOptions(gap=0.0, lp_first=lp_first))
+    sol = solve(options, [3.0], CbcOptions(gap=0.0, lp_first=lp_first))
     assert is_feasible(options, [3.0], sol.choice)
     assert sol.choice == {1: 1}
     assert sol.objective == pytest.approx(1.0)
@@ -378,7 +382,30 @@ def test_split_uses_solve_like_merged_uses(instance: Instance, data: st.DataObje
             else:
                 uses.append((r, a))
         split.append(Option(o.item, o.value, tuple(uses)))
-    merged = solve_proven(options, capacity, SolveOptions(gap=0.0))
-    separate = solve_proven(split, capacity, SolveOptions(gap=0.0))
+    merged = solve_proven(options, capacity, CbcOptions(gap=0.0))
+    separate = solve_proven(split, capacity, CbcOptions(gap=0.0))
     assert is_feasible(options, capacity, separate.choice)
     assert separate.objective == pytest.approx(merged.objective, abs=1e-6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances(max_items=6, max_options=4))
+def test_the_branch_and_bound_finds_the_optimum(instance: Instance) -> None:
+    options, capacity = instance
+    sol = ilp.solve(options, capacity, SolveOptions(gap=0.0))
+    check_solution(options, capacity, sol)
+    assert sol.objective == pytest.approx(brute_force(options, capacity), abs=1e-6)
+    assert sol.proven
+    assert sol.method in ("empty", "uncontended", "enumerated")
+
+
+def test_the_branch_and_bound_gives_way_to_cbc_past_its_node_limit() -> None:
+    # The knapsack again: two nodes are not enough for the search, so the LP and the MIP solve it.
+    options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
+    assert ilp.enumerate_best(options, [4.0], range(3), node_limit=2) is None
+    sol = ilp.solve(options, [4.0], SolveOptions(gap=0.0, enumerate_nodes=2))
+    assert sol.method == "mip"
+    assert sol.choice == {1: 1, 2: 2}
+    enumerated = ilp.solve(options, [4.0], SolveOptions(gap=0.0))
+    assert enumerated.method == "enumerated"
+    assert enumerated.choice == {1: 1, 2: 2}

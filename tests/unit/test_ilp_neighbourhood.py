@@ -6,6 +6,7 @@ Instances stay tiny; the optimum is checked by brute force (tests/unit/test_ilp.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from hopsmgr import cbc
 from hopsmgr.core import ilp
 from hopsmgr.core.ilp import Option, SolveOptions, is_feasible, objective_of
 from tests.unit.test_ilp import Instance, brute_force, instances
+
+# These tests are about the LP/CBC path: the in-process branch and bound for small programs is off.
+CbcOptions = functools.partial(SolveOptions, enumerate_below=0)
 
 # Row 0: item 0 alone, integral in the LP. Row 1: a knapsack (cap 4) where the LP takes item 1 (3 GPUs,
 # 3.0) and half of item 2 (3.95); the integer optimum there is items 2 and 3 (3.8).
@@ -31,7 +35,7 @@ CAPACITY = [4.0, 4.0]
 
 def _lp(options: Sequence[Option], capacity: Sequence[float]) -> tuple[dict[int, float], dict[int, float]]:
     usable = list(range(len(options)))
-    result = ilp._run(options, capacity, usable, True, SolveOptions(), 10.0)
+    result = ilp._run(options, capacity, usable, True, CbcOptions(), 10.0)
     assert result.status == "optimal"
     return (
         {o: result.values[k] for k, o in enumerate(usable)},
@@ -64,7 +68,7 @@ def test_integral_part_away_from_the_fraction_is_kept_and_the_rest_solved(
         bound,
         incumbent,
         [0, 1, 2, 3],
-        SolveOptions(gap=0.05),
+        CbcOptions(gap=0.05),
         end=10.0,
         timer=lambda: 0.0,
         spent=[0.0],
@@ -75,7 +79,7 @@ def test_integral_part_away_from_the_fraction_is_kept_and_the_rest_solved(
 
 
 def test_solve_uses_the_neighbourhood_and_proves_within_the_gap() -> None:
-    sol = ilp.solve(PROGRAM, CAPACITY, SolveOptions(gap=0.05, exact_below=0))
+    sol = ilp.solve(PROGRAM, CAPACITY, CbcOptions(gap=0.05, exact_below=0))
     assert sol.choice == {0: 0, 2: 2, 3: 3}
     assert sol.method == "lp-fix"
     assert sol.proven  # 8.8 >= 8.95 * 0.95
@@ -92,7 +96,7 @@ def test_no_time_left_gives_the_greedy_completion_of_the_fixed_part() -> None:
         8.95,
         {0: 0, 1: 1},
         [3, 2, 1, 0],
-        SolveOptions(),
+        CbcOptions(),
         0.0,
         lambda: 0.0,
         [0.0],
@@ -106,7 +110,7 @@ def test_no_time_left_gives_the_greedy_completion_of_the_fixed_part() -> None:
 @given(instances(max_items=6), st.sampled_from([0.0, 0.02, 0.1]))
 def test_answers_without_the_exact_override_are_feasible_and_honest(instance: Instance, gap: float) -> None:
     options, capacity = instance
-    sol = ilp.solve(options, capacity, SolveOptions(gap=gap, exact_below=0))
+    sol = ilp.solve(options, capacity, CbcOptions(gap=gap, exact_below=0))
     assert is_feasible(options, capacity, sol.choice)
     optimum = brute_force(options, capacity)
     assert sol.objective <= optimum + 1e-6
@@ -152,13 +156,13 @@ def test_no_full_mip_and_a_capped_neighbourhood(monkeypatch: pytest.MonkeyPatch)
 
     monkeypatch.setattr(ilp, "_run", spy)
     sol = ilp.solve(
-        PROGRAM, CAPACITY, SolveOptions(gap=0.0, exact_below=0, full_mip=False, neighbourhood_s=0.7)
+        PROGRAM, CAPACITY, CbcOptions(gap=0.0, exact_below=0, full_mip=False, neighbourhood_s=0.7)
     )
     assert [relax for relax, _, _ in calls] == [True, False]
     assert calls[1][1] <= 0.7
     assert sol.choice == {0: 0, 2: 2, 3: 3}
     assert not sol.proven
     calls.clear()
-    sol = ilp.solve(PROGRAM, CAPACITY, SolveOptions(gap=0.0, exact_below=0))
+    sol = ilp.solve(PROGRAM, CAPACITY, CbcOptions(gap=0.0, exact_below=0))
     assert [relax for relax, _, _ in calls] == [True, False, False]  # the full MIP proves 8.8 optimal
     assert sol.proven and sol.method == "mip"

@@ -7,6 +7,7 @@ stalled process, not a slow machine).
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -20,6 +21,9 @@ from hopsmgr.core.planner import plan_fragments, plan_round
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
 from tests.helpers.fakes import stalling_cbc as fake_cbc
+
+# These tests are about the LP/CBC path: the in-process branch and bound for small programs is off.
+CbcOptions = functools.partial(SolveOptions, enumerate_below=0)
 
 # A contended program: the LP bound (3.95) is not reached by rounding, so the MIP is needed.
 KNAPSACK = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
@@ -35,7 +39,7 @@ def test_stalled_cbc_is_killed_and_the_answer_is_the_greedy_fallback(stalling_cb
     sol = ilp.solve(
         KNAPSACK,
         [4.0],
-        SolveOptions(gap=0.0, time_limit_s=0.5, timer=time.perf_counter, cbc_path=stalling_cbc),
+        CbcOptions(gap=0.0, time_limit_s=0.5, timer=time.perf_counter, cbc_path=stalling_cbc),
     )
     elapsed = time.perf_counter() - start
     assert elapsed < 10.0, f"waited {elapsed:.1f} s for a stalled CBC (limit 0.5 s)"
@@ -49,7 +53,7 @@ def test_stalled_cbc_is_killed_and_the_answer_is_the_greedy_fallback(stalling_cb
 def test_deadline_before_the_call_runs_no_solver(stalling_cbc: str) -> None:
     # The deadline (on the injected timer) has already passed: CBC is not even started.
     sol = ilp.solve(
-        KNAPSACK, [4.0], SolveOptions(gap=0.0, timer=lambda: 100.0, deadline=99.0, cbc_path=stalling_cbc)
+        KNAPSACK, [4.0], CbcOptions(gap=0.0, timer=lambda: 100.0, deadline=99.0, cbc_path=stalling_cbc)
     )
     assert sol.method == "greedy"
     assert sol.fallback is not None
@@ -57,7 +61,7 @@ def test_deadline_before_the_call_runs_no_solver(stalling_cbc: str) -> None:
 
 
 def test_missing_cbc_binary_falls_back(tmp_path: Path) -> None:
-    sol = ilp.solve(KNAPSACK, [4.0], SolveOptions(gap=0.0, cbc_path=str(tmp_path / "no-such-cbc")))
+    sol = ilp.solve(KNAPSACK, [4.0], CbcOptions(gap=0.0, cbc_path=str(tmp_path / "no-such-cbc")))
     assert sol.method == "greedy"
     assert sol.fallback is not None
     assert not sol.proven
@@ -65,7 +69,7 @@ def test_missing_cbc_binary_falls_back(tmp_path: Path) -> None:
 
 def test_the_real_cbc_is_proven_within_the_same_settings() -> None:
     # The control: the bundled binary solves the same program to optimality.
-    sol = ilp.solve(KNAPSACK, [4.0], SolveOptions(gap=0.0, time_limit_s=5.0, timer=time.perf_counter))
+    sol = ilp.solve(KNAPSACK, [4.0], CbcOptions(gap=0.0, time_limit_s=5.0, timer=time.perf_counter))
     assert sol.proven
     assert sol.choice == {1: 1, 2: 2}
     assert not sol.timed_out

@@ -315,7 +315,12 @@ def cmd_undrain(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def cmd_quota(args: argparse.Namespace, client: ApiClient) -> int:
-    return _emit(args, client.get(f"{API}/tenants"), lambda d: render.tenants_table(d.get("tenants") or []))
+    def text(doc: dict[str, Any]) -> str:
+        tenants = doc.get("tenants") or []
+        out = render.tenants_table(tenants)
+        return out + "\n\n" + render.usage_history_text(tenants) if args.history else out
+
+    return _emit(args, client.get(f"{API}/tenants"), text)
 
 
 def cmd_cluster(args: argparse.Namespace, client: ApiClient) -> int:
@@ -483,7 +488,8 @@ def register(subparsers: Any) -> None:
         ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),
     ):
         _add(subparsers, name, func, help_text, common).add_argument("node", help="node id")
-    _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps and use", common)
+    quota = _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps, use and fair share", common)
+    quota.add_argument("--history", action="store_true", help="also each tenant's decayed use over time")
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
 
     token = subparsers.add_parser("token", help="API tokens (admin)")

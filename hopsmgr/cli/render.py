@@ -296,7 +296,19 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
 
 
 def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:
-    headers = ("TENANT", "GUARANTEED", "CAP", "WEIGHT", "USED", "BORROWED", "QUEUED", "RUNNING")
+    headers = (
+        "TENANT",
+        "GUARANTEED",
+        "CAP",
+        "WEIGHT",
+        "USED",
+        "BORROWED",
+        "QUEUED",
+        "RUNNING",
+        "USE(REF-GPU-H)",
+        "SHARE",
+        "FACTOR",
+    )
     rows = [
         (
             str(t.get("name", DASH)),
@@ -307,10 +319,26 @@ def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:
             number(t.get("borrowed_gpus")),
             number(t.get("queued")),
             number(t.get("running")),
+            number(t.get("usage_ref_gpu_h"), 2),
+            number(t.get("usage_share"), 2),
+            number(t.get("fairshare_factor"), 2),
         )
         for t in tenants
     ]
     return table(headers, rows)
+
+
+def usage_history_text(tenants: Sequence[Mapping[str, Any]]) -> str:
+    """`quota --history`: each tenant's decayed use over time, one `time  ref-GPU-h` line a sample."""
+    lines: list[str] = []
+    for t in tenants:
+        lines.append(f"{t.get('name', DASH)}:")
+        samples = t.get("usage_history") or []
+        if not samples:
+            lines.append("  (no samples yet)")
+        for sample in samples:
+            lines.append(f"  {timestamp(sample.get('time'))}  {number(sample.get('ref_gpu_h'), 2)} ref-GPU-h")
+    return "\n".join(lines)
 
 
 CLUSTER_KEYS = ("gpus", "gpus_by_type", "used_gpus", "idle_gpus", "pending", "queued", "running", "nodes")

@@ -13,6 +13,7 @@ import signal
 from typing import TYPE_CHECKING
 
 from hopsmgr.control import snapshot as views
+from hopsmgr.control import usage
 from hopsmgr.control.commands import CheckpointAndStop
 from hopsmgr.control.records import Attempt, Job
 from hopsmgr.core.estimator import TimeProfile
@@ -112,7 +113,9 @@ def _new_attempt(m: SchedulerMachine, action: Launch, run: ProfilingRun | None) 
             or job.attempt is not None
         ):
             return None
-    elif not (job.state == JobState.CHECKPOINTING or (job.state == JobState.QUEUED and job.attempt is None)):
+    elif job.moving_to is not None or not (
+        job.state == JobState.CHECKPOINTING or (job.state == JobState.QUEUED and job.attempt is None)
+    ):
         return None
     attempt = Attempt(
         id=m.new_attempt_id(),
@@ -153,6 +156,8 @@ def end_attempt(
 ) -> None:
     """Record the end of an attempt once and move its job on; then launch what waited for it."""
     state = m.state
+    if attempt.id in state.attempts:
+        usage.charge_attempt(m, attempt, m.now)
     if state.remove_attempt(attempt.id) is None:
         return
     m.record(m.attempt_row(attempt, ended=m.now, end_reason=reason, exit_code=code, log_tail=tail or None))

@@ -78,7 +78,14 @@ class ThroughputSample:
     samples_per_s: float
 
 
-Record = JobChange | JobNote | AttemptRow | ThroughputSample
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    """Every tenant's decayed use (reference-GPU-seconds) and when it was last charged (fair share)."""
+
+    usage: tuple[tuple[str, float, float], ...]  # (tenant, used, at)
+
+
+Record = JobChange | JobNote | AttemptRow | ThroughputSample | UsageRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +146,8 @@ class PlanRequest(Command):
     to_profile: tuple[JobSpec, ...] = ()
     starving: frozenset[JobId] = frozenset()
     profiling_budget: int = 0
+    min_attempt_s: float = 0.0  # the scheduler's: profiling for starving jobs spares protected attempts
+    round_s: float = 120.0  # the scheduler's round: how long a job may starve before it takes GPUs
 
 
 @dataclass(frozen=True, slots=True)

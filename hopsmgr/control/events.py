@@ -153,6 +153,7 @@ class StateRestored(Event):
     attempts: tuple[object, ...] = ()  # hopsmgr.control.records.Attempt
     attempt_seq: int = 0
     drained: frozenset[ServerId] = frozenset()
+    usage: tuple[tuple[str, float, float], ...] = ()  # each tenant's (used, at): fair share's memory
 
 
 @dataclass(frozen=True, slots=True)

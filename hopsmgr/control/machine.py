@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from hopsmgr.control import acting, nodes
+from hopsmgr.control import acting, nodes, usage
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
@@ -34,6 +34,7 @@ from hopsmgr.control.commands import (
     StopAttempt,
     StopReason,
     ThroughputSample,
+    UsageRecord,
 )
 from hopsmgr.control.events import (
     AttemptEnded,
@@ -413,7 +414,12 @@ class SchedulerMachine:
     def _request(self, kind: str) -> None:
         s = self.settings
         state = self.state
-        snapshot = views.build_snapshot(state, self._now, s.exec_error_backoff_s)
+        usage.charge_all(self, self._now)
+        if kind == "first" and state.usage:
+            self.record(UsageRecord(tuple((u.tenant, u.used, u.at) for u in state.usage.values())))
+        snapshot = views.build_snapshot(
+            state, self._now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h
+        )
         to_profile = []
         starving = set()
         if s.profiling:
@@ -445,6 +451,8 @@ class SchedulerMachine:
                 tuple(to_profile),
                 frozenset(starving),
                 views.profiling_budget(state, s.profiling_share),
+                s.scheduler.min_attempt_s,
+                s.scheduler.round_seconds,
             )
         )
 

@@ -20,6 +20,7 @@ from hopsmgr.control.events import (
     StateRestored,
 )
 from hopsmgr.control.records import Attempt, Job, NodeHealth
+from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
 
 if TYPE_CHECKING:
@@ -173,6 +174,8 @@ def on_restored(m: SchedulerMachine, event: StateRestored) -> None:
         if node_id in state.nodes:
             state.nodes[node_id].drained = True
     m.attempt_seq = max(m.attempt_seq, event.attempt_seq)
+    for tenant, used, at in event.usage:
+        state.usage[tenant] = TenantUsage(tenant, used, at)
     for job in list(state.jobs.values()):
         if job.state == JobState.PROFILING and not job.profiling:
             new = JobState.QUEUED if m.estimator.profiled_types(job.id) else JobState.FAILED

@@ -15,9 +15,10 @@ from dataclasses import replace
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import Config, JobId
+from hopsmgr.core.model import Config, JobId, JobSpec
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, ProfilingRun, profiling_runs
+from hopsmgr.core.program import protected
 from hopsmgr.policies.base import Policy
 
 Timer = Callable[[], float]
@@ -38,9 +39,16 @@ def within_budget(runs: list[ProfilingRun], budget: int, at_least_one: bool = Fa
     return kept
 
 
+# [ours] A new job that found no idle GPU for this many rounds may take GPUs from running work for its
+# profiling runs (their jobs are checkpointed). Sooner, it is profiled only on GPUs that are idle or that
+# the round's plan frees anyway: a checkpoint and restart for a minute of profiling does not pay, and the
+# victim would take its GPUs straight back (a preemption cycle).
+STARVED_ROUNDS = 5
+
+
 def choose_profiling(request: PlanRequest, estimator: Estimator) -> list[ProfilingRun]:
-    """Profiling runs on idle GPUs within the budget; in a first plan, a job that found no idle GPU for
-    a whole round (`starving`) gets its runs even on GPUs the plan then takes back."""
+    """Profiling runs on idle GPUs within the budget; in a first plan, a job starved of idle GPUs for
+    STARVED_ROUNDS rounds gets its runs even on GPUs of running work (never of a protected attempt)."""
     snapshot = request.snapshot
     held: dict[str, int] = {}  # GPUs of running jobs: profiling takes idle GPUs only
     for view in snapshot.jobs:
@@ -49,16 +57,48 @@ def choose_profiling(request: PlanRequest, estimator: Estimator) -> list[Profili
     runs = within_budget(
         profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
     )
-    if request.kind == "first" and request.starving:
-        have = {r.job_id for r in runs}
-        starving = [j for j in request.to_profile if j.id in request.starving and j.id not in have]
+    starved = [j for j in _starving(request, runs) if snapshot.now - j.submit_time >= _starved_s(request)]
+    if starved:
         taken: dict[str, int] = {}
         for r in runs:
             taken[r.server_id] = taken.get(r.server_id, 0) + 1
-        if starving:  # at least one job a round, whatever the budget: new work always gets profiled
-            extra = profiling_runs(starving, snapshot, estimator, taken)
-            runs += within_budget(extra, request.profiling_budget - len(runs), at_least_one=True)
+        for view in snapshot.jobs:
+            if view.current is not None and protected(view, request.min_attempt_s):
+                for sid, g in view.current.parts:
+                    taken[sid] = taken.get(sid, 0) + g
+        # at least one job a round, whatever the budget: new work always gets profiled in the end
+        extra = profiling_runs(starved, snapshot, estimator, taken)
+        runs += within_budget(extra, request.profiling_budget - len(runs), at_least_one=True)
     return runs
+
+
+def _starving(request: PlanRequest, runs: list[ProfilingRun]) -> list[JobSpec]:
+    if request.kind != "first" or not request.starving:
+        return []
+    have = {r.job_id for r in runs}
+    return [j for j in request.to_profile if j.id in request.starving and j.id not in have]
+
+
+def _starved_s(request: PlanRequest) -> float:
+    return STARVED_ROUNDS * request.round_s
+
+
+def _on_freed_gpus(
+    request: PlanRequest, estimator: Estimator, plan: Plan, runs: list[ProfilingRun]
+) -> list[ProfilingRun]:
+    """Runs for the starving jobs still without any, on the GPUs the plan leaves idle (those it takes
+    back from running work included), within what is left of the budget."""
+    starving = _starving(request, runs)
+    if not starving:
+        return []
+    used: dict[str, int] = {}
+    for r in runs:
+        used[r.server_id] = used.get(r.server_id, 0) + 1
+    for config in plan.assignments.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    extra = profiling_runs(starving, request.snapshot, estimator, used)
+    return within_budget(extra, request.profiling_budget - len(runs))
 
 
 def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, timer: Timer) -> PlanReady:
@@ -75,6 +115,7 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
         plan = policy.plan(replace(snapshot, capacity=capacity, jobs=views), estimator, request.kind, timer)
     else:
         plan = Plan(request.kind, snapshot.now, {})
+    runs += _on_freed_gpus(request, estimator, plan, runs)
     return PlanReady(request.stimulus_id, request.request_id, plan, tuple(runs), timer() - t0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobId, JobSpec, Server, ServerId, TenantQuota
 
@@ -82,6 +83,7 @@ class Attempt:
     stop_sent: bool = False  # this machine sent the stop (False for a stop restored from the store)
     unseen_beats: int = 0  # heartbeats of its primary node that did not list it
     last_observed: float = -math.inf
+    charged_until: float = -math.inf  # its tenant was charged for its GPUs up to here (fair share)
 
     @property
     def primary(self) -> ServerId:
@@ -111,6 +113,7 @@ class ControlState:
     gpu_types: frozenset[str] = frozenset()
     type_share: dict[str, float] = field(default_factory=dict)
     counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
+    usage: dict[str, TenantUsage] = field(default_factory=dict)  # fair share: decayed use per tenant
 
     def add_job(self, job: Job) -> None:
         self.jobs[job.id] = job

@@ -9,6 +9,7 @@ checkpointed are not planned this time.
 
 from __future__ import annotations
 
+from hopsmgr.control import usage
 from hopsmgr.control.records import ControlState, Job, NodeHealth
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, ServerId
@@ -41,13 +42,16 @@ def usable_capacity(state: ControlState, now: float, backoff_s: float) -> dict[S
 
 
 def current_placements(state: ControlState) -> dict[JobId, Config]:
-    """Jobs placed now (launching or running, not being stopped) and their configurations."""
+    """Jobs placed now (launching or running, not being stopped; or half-way through a move, their
+    checkpoint written and the new attempt waiting for other stops) and their configurations."""
     current: dict[JobId, Config] = {}
     for job in state.jobs.values():
         if job.attempt is not None and job.state in PLACED:
             attempt = state.attempts[job.attempt]
             if not attempt.stopping:
                 current[job.id] = attempt.placement
+        elif job.attempt is None and job.moving_to is not None and job.moving_to in state.attempts:
+            current[job.id] = state.attempts[job.moving_to].placement
     return current
 
 
@@ -69,6 +73,11 @@ def job_view(job: Job, state: ControlState, now: float) -> JobView:
         attempt = state.attempts[job.attempt]
         current = attempt.placement
         attempt_s = max(0.0, now - (attempt.started if attempt.started is not None else attempt.created))
+    elif job.moving_to is not None and job.moving_to in state.attempts:
+        # Half-way through a move (checkpoint written, the new attempt waits for other stops): the job
+        # is placed where it moves to, and that placement is new. Shown as waiting, a fragment plan
+        # would place it a second time (the old GPUs are free) and undo the move.
+        current = state.attempts[job.moving_to].placement
     return JobView(
         spec=job.spec,
         done_samples=job.done_samples,
@@ -81,7 +90,9 @@ def job_view(job: Job, state: ControlState, now: float) -> JobView:
     )
 
 
-def build_snapshot(state: ControlState, now: float, backoff_s: float) -> ClusterSnapshot:
+def build_snapshot(
+    state: ControlState, now: float, backoff_s: float, half_life_h: float = 24.0
+) -> ClusterSnapshot:
     views: list[JobView] = []
     for job in state.jobs.values():
         if job.profiling or job.state not in (JobState.QUEUED, *PLACED):
@@ -91,7 +102,12 @@ def build_snapshot(state: ControlState, now: float, backoff_s: float) -> Cluster
         views.append(job_view(job, state, now))
     servers = tuple(n.server for n in state.nodes.values())
     return ClusterSnapshot(
-        servers, usable_capacity(state, now, backoff_s), tuple(views), now, dict(state.tenants)
+        servers,
+        usable_capacity(state, now, backoff_s),
+        tuple(views),
+        now,
+        dict(state.tenants),
+        usage.current_usage(state, now, half_life_h),
     )
 
 

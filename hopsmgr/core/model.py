@@ -310,6 +310,7 @@ class ClusterSnapshot:
     jobs: tuple[JobView, ...]
     now: float
     tenants: Mapping[str, TenantQuota] = field(default_factory=dict)
+    tenant_usage: Mapping[str, float] = field(default_factory=dict)  # decayed reference-GPU-seconds
 
     def server_map(self) -> dict[ServerId, Server]:
         return {s.id: s for s in self.servers}

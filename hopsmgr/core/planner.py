@@ -15,20 +15,31 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import ilp, quota
+from hopsmgr.core import fairshare, ilp, quota
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, JobExplain, Plan, PlanKind, ProfilingRun, SolverStats
-from hopsmgr.core.priority import PriorityContext, ilp_weights, order_queue, priority_values
+from hopsmgr.core.priority import (
+    PriorityContext,
+    ilp_weights,
+    order_queue,
+    priority_values,
+    projected_latency_ratio,
+)
 from hopsmgr.core.program import (
     RoundState,
     build_exact_program,
     explain_candidates,
     fits_capacity,
+    hold_values,
+    horizon_s,
     job_value,
+    preemption_cost_s,
+    protected,
     restart_factor,
     tenant_resources,
 )
@@ -73,6 +84,23 @@ def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> Priorit
         active_jobs=max(1, len(snapshot.jobs)),
         tenant_weight={name: q.weight for name, q in snapshot.tenants.items()},
     )
+
+
+def _priorities(
+    snapshot: ClusterSnapshot, ctx: PriorityContext, settings: SchedulerSettings
+) -> dict[JobId, float]:
+    """The queue's priority values; with `projected_priority`, the latency ratio each job would have
+    at the end of the plan's horizon if not served (a running job also losing its checkpoint and
+    restart), times its tenant's weight."""
+    if settings.priority != "latency_ratio" or not settings.projected_priority:
+        return priority_values(settings.priority, snapshot.jobs, ctx)
+    out: dict[JobId, float] = {}
+    for view in snapshot.jobs:
+        ahead = horizon_s(settings, view.spec.restart_s)
+        if view.current is not None:
+            ahead += preemption_cost_s(view.spec)
+        out[view.id] = projected_latency_ratio(view, ctx, ahead) * ctx.weight_of(view.spec.tenant)
+    return out
 
 
 def unplaceable_reason(
@@ -172,7 +200,16 @@ def _plan(
             held[sid] = held.get(sid, 0) + g
 
     ctx = priority_context(snapshot, estimator)
-    values = priority_values(settings.priority, snapshot.jobs, ctx)
+    if settings.fairshare and snapshot.tenant_usage:
+        share = fairshare.factors(
+            snapshot.tenant_usage,
+            ctx.tenant_weight,
+            (v.spec.tenant for v in snapshot.jobs),
+            settings.fairshare_strength,
+        )
+        weights_now = {t: ctx.weight_of(t) * f for t, f in share.items()}
+        ctx = replace(ctx, tenant_weight=weights_now)
+    values = _priorities(snapshot, ctx, settings)
     owed = quota.entitled(snapshot.jobs, snapshot.tenants, values)
     ordered = order_queue(snapshot.jobs, values)
     ordered = [v for v in ordered if v.id in owed] + [v for v in ordered if v.id not in owed]
@@ -197,6 +234,8 @@ def _plan(
     for view in placeable:
         state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator)
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
+    if kind == "first":
+        state.hold_value = hold_values(state, {v.id: v for v in placeable if v.id in running})
 
     total = sum(capacity.values())
     window_views = service_window(placeable, total, settings.window)
@@ -206,9 +245,7 @@ def _plan(
         # start and thrash, paying a restart each time.
         by_id = {v.id: v for v in snapshot.jobs}
         fixed = {
-            jid: config
-            for jid, config in running.items()
-            if by_id[jid].attempt_s < settings.min_attempt_s + 2 * by_id[jid].spec.restart_s
+            jid: config for jid, config in running.items() if protected(by_id[jid], settings.min_attempt_s)
         }
         # A tenant cap beats the quantum: a tenant over its cap has none of its jobs protected.
         protected_gpus: dict[str, int] = {}
@@ -237,7 +274,9 @@ def _plan(
         free = {sid: capacity[sid] - held.get(sid, 0) for sid in capacity}
         idle = sum(max(0, n) for n in free.values())
         queued_order = [v for v in placeable if v.id not in running]
-        window_queued = [v for v in window_views if v.id not in running]
+        # The window of a fragment plan is the head of the *waiting* jobs: running jobs keep what they
+        # hold here, so they take no room in it (with the projected priority they often rank first).
+        window_queued = service_window(queued_order, total, settings.window)
         if settings.sensitivity_adjustment:
             window_queued = sensitivity_adjustment(window_queued, queued_order, state.rho, idle)
         jobs = window_queued

@@ -101,6 +101,21 @@ def latency_ratio(view: JobView, ctx: PriorityContext) -> float:
     return max(view.waited_s, 0.0) / age
 
 
+def projected_latency_ratio(view: JobView, ctx: PriorityContext, ahead_s: float) -> float:
+    """[ours] (wait + ahead_s) / age: the latency ratio the job will have if it is not served for
+    `ahead_s` more seconds; 0.0 when its age is unknown.
+
+    The planner asks it of every job over the plan's horizon, and for a running job adds what a
+    preemption would delay it by (checkpoint and restart): a running job's plain ratio is frozen while
+    queued jobs' grow, so every queued job overtakes it in time and the cluster rotates its jobs; the
+    projected one compares what each job would suffer from not being served.
+    """
+    age = expected_run_s(view.spec, ctx)
+    if not math.isfinite(age) or age <= 0:
+        return 0.0
+    return (max(view.waited_s, 0.0) + max(ahead_s, 0.0)) / age
+
+
 def ftf_rho(view: JobView, ctx: PriorityContext) -> float:
     """Themis finish-time fairness rho = T_shared / T_ideal; 0.0 when the job's age is unknown.
 

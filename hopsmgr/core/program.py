@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
 from hopsmgr.core.estimates import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView, Server, ServerId
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -34,24 +34,80 @@ class RoundState:
     largest: int
     tenant_held: dict[str, int] = field(default_factory=dict)
     deadline: float | None = None  # on the injected timer: no solver runs past it
+    # Added to every option of a running job: what dropping it would cost (`hold_values`).
+    hold_value: dict[JobId, float] = field(default_factory=dict)
 
 
-def restart_factor(settings: SchedulerSettings, restart_s: float) -> float:
-    """[ours] The share of throughput left after a (re)start: a launch loses `restart_s` out of the
-    time it is sure to keep its GPUs (a round, and at least the minimum attempt length)."""
-    if restart_s <= 0 or not settings.restart_penalty:
+# [ours] What writing a checkpoint is assumed to take when nothing better is known: a fixed part (stop
+# the loop, open the file) and the parameters at a conservative local-disk rate. The simulator's
+# executor charges the same by default (hopsmgr.sim.engine.SimOptions); a live checkpoint takes what it takes.
+CHECKPOINT_FIXED_S = 5.0
+CHECKPOINT_BYTES_PER_S = 200e6
+
+
+def checkpoint_s(spec: JobSpec) -> float:
+    return CHECKPOINT_FIXED_S + spec.params_bytes / CHECKPOINT_BYTES_PER_S
+
+
+def preemption_cost_s(spec: JobSpec) -> float:
+    """GPU time a checkpoint-and-stop throws away: the checkpoint now and the restart later."""
+    return checkpoint_s(spec) + spec.restart_s
+
+
+def horizon_s(settings: SchedulerSettings, restart_s: float) -> float:
+    """[ours] How long a placement decided now is sure to last: a round, and at least the minimum
+    attempt length plus two restarts (the quantum that protects a young attempt)."""
+    return max(settings.round_seconds, settings.min_attempt_s + 2 * restart_s)
+
+
+def protected(view: JobView, min_attempt_s: float) -> bool:
+    """[ours] A running job whose attempt is younger than the minimum attempt length plus two restarts
+    keeps its GPUs: no first plan preempts or moves it (docs/scheduling.md section 8)."""
+    return view.current is not None and view.attempt_s < min_attempt_s + 2 * view.spec.restart_s
+
+
+def restart_factor(settings: SchedulerSettings, restart_s: float, lost_s: float | None = None) -> float:
+    """[ours] The share of throughput left after a (re)start: a launch loses `lost_s` (default: its
+    `restart_s`) out of the time it is sure to keep its GPUs (`horizon_s`)."""
+    lost = restart_s if lost_s is None else lost_s
+    if lost <= 0 or not settings.restart_penalty:
         return 1.0
-    horizon = max(settings.round_seconds, settings.min_attempt_s + 2 * restart_s)
-    return max(0.0, 1.0 - restart_s / horizon)
+    return max(0.0, 1.0 - lost / horizon_s(settings, restart_s))
 
 
 def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> float:
     """(prio + bias)^lambda * G, times the restart factor for any configuration the job does not
-    hold now (a queued job's launch pays its start-up as a running job's move does)."""
+    hold now (a queued job's launch pays its start-up; a running job's move pays its checkpoint and
+    its restart when `preemption_cost` is on), plus the job's hold value if it runs."""
     gain = rate / state.base_rate[view.id]
-    if moved or view.current is None:
+    if view.current is None:
         gain *= restart_factor(state.settings, view.spec.restart_s)
-    return state.weights.get(view.id, 1.0) * gain
+    elif moved:
+        lost = preemption_cost_s(view.spec) if state.settings.preemption_cost else None
+        gain *= restart_factor(state.settings, view.spec.restart_s, lost)
+    return state.weights.get(view.id, 1.0) * gain + state.hold_value.get(view.id, 0.0)
+
+
+def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[JobId, float]:
+    """[ours] Preemption that pays: what taking a running job's GPUs away costs, in the program's own
+    units (priority-weighted normalised throughput over the horizon). A job dropped now writes a
+    checkpoint and pays a restart later: `preemption_cost_s` of its current throughput, out of the
+    horizon. Added to each of the job's options, it is lost only by choosing none of them, so the
+    program preempts a job only when what its GPUs buy elsewhere exceeds its value *and* this cost."""
+    if not (state.settings.preemption_cost and state.settings.restart_penalty):
+        return {}
+    out: dict[JobId, float] = {}
+    for jid, view in running.items():
+        current = view.current
+        base = state.base_rate.get(jid)
+        if current is None or not base:
+            continue
+        rate = state.estimator.config_rate(view.spec, current, state.servers)
+        if rate is None or rate <= 0:
+            continue
+        share = min(1.0, preemption_cost_s(view.spec) / horizon_s(state.settings, view.spec.restart_s))
+        out[jid] = state.weights.get(jid, 1.0) * rate / base * share
+    return out
 
 
 def build_exact_program(

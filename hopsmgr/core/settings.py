@@ -6,6 +6,7 @@ same object to the planner. Defaults follow HOPS.md (lambda = 1, sigma = 1.4, ga
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -30,10 +31,16 @@ class SchedulerSettings:
     solver: SolverMode = "auto"
     exact_max_variables: int = 2000
     restart_penalty: bool = True
+    preemption_cost: bool = True
+    projected_priority: bool = True
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
     cbc_path: str = ""  # the CBC binary; "" = the one PuLP bundles
+    fairshare: bool = True  # tenants' decayed use scales their weight (hopsmgr.core.fairshare)
+    fairshare_half_life_h: float = 24.0
+    fairshare_strength: float = 5.0  # the factor is 2 ** -(strength x (use share / weight share - 1))
+    fairshare_reference: str = ""  # the reference GPU type of use; "" = the type with the most GPUs
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -63,6 +70,12 @@ class SchedulerSettings:
             raise bad("raqlr_hours", "must be > 0")
         if not self.min_attempt_s >= 0:
             raise bad("min_attempt_s", "must be >= 0")
+        if not (math.isfinite(self.fairshare_half_life_h) and self.fairshare_half_life_h > 0):
+            raise bad("fairshare_half_life_h", "must be a number of hours > 0")
+        if not (math.isfinite(self.fairshare_strength) and self.fairshare_strength >= 0):
+            raise bad("fairshare_strength", "must be a number >= 0")
+        if not isinstance(self.fairshare_reference, str):
+            raise bad("fairshare_reference", "must be a GPU type name")
         if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
             raise bad("cbc_path", "must be a path (a string without NUL)")
 

@@ -12,6 +12,7 @@ Heartbeats and node health live in hopsmgr.master.heartbeats. The clock is injec
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -34,6 +35,7 @@ from hopsmgr.control.commands import (
     StartProfiling,
     StopAttempt,
     ThroughputSample,
+    UsageRecord,
 )
 from hopsmgr.control.events import Event, JobCancelled, JobSubmitted, NodeChanged, StateRestored
 from hopsmgr.control.machine import ControlSettings, SchedulerMachine
@@ -61,6 +63,8 @@ from hopsmgr.master.store import Row, Store
 from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
+USAGE_SAMPLE_S = 600.0  # fair share: the decayed use is sampled at most this often for `quota --history`
+USAGE_SAMPLES = 144  # a day of samples
 
 __all__ = ["Controller", "Principal", "RequestError", "Submission"]
 
@@ -142,6 +146,8 @@ class Controller:
         self.durable_waiters: list[asyncio.Future[None]] = []
         self.commit_scheduled = False
         self.throughput: list[ThroughputSample] = []  # buffered history rows, written by flush()
+        # Fair share: each tenant's decayed use, sampled every USAGE_SAMPLE_S (newest last).
+        self.usage_history: deque[tuple[float, dict[str, float]]] = deque(maxlen=USAGE_SAMPLES)
         self.written: dict[str, float] = {}  # done samples last written per live job
         self.on_command: Callable[[Command], None] | None = None  # node commands go to the executors
 
@@ -218,7 +224,13 @@ class Controller:
                 except (ModelError, TypeError) as exc:
                     log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
         seq = int(self.store.meta("attempt", "0"))
-        self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained)))
+        usage = tuple(
+            (str(t), float(used), float(at))
+            for t, used, at in json.loads(self.store.meta("tenant_usage", "[]"))
+        )
+        for at, sample in json.loads(self.store.meta("tenant_usage_history", "[]")):
+            self.usage_history.append((float(at), {str(t): float(u) for t, u in sample.items()}))
+        self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained), usage))
         log.info("master_opened", epoch=self.epoch, live_jobs=len(jobs), open_attempts=len(attempts))
 
     def sync_servers(self, gpu_type: str | None = None) -> None:
@@ -309,6 +321,16 @@ class Controller:
                     )
             elif isinstance(record, ThroughputSample):
                 self.throughput.append(record)
+            elif isinstance(record, UsageRecord):
+                self._write_usage(record)
+
+    def _write_usage(self, record: UsageRecord) -> None:
+        self.store.set_meta("tenant_usage", json.dumps([list(u) for u in record.usage]))
+        at = max((a for _, _, a in record.usage), default=0.0)
+        if self.usage_history and at - self.usage_history[-1][0] < USAGE_SAMPLE_S:
+            return
+        self.usage_history.append((at, {t: used for t, used, _ in record.usage}))
+        self.store.set_meta("tenant_usage_history", json.dumps(list(self.usage_history)))
 
     def _write_change(self, c: JobChange) -> None:
         store = self.store

@@ -112,6 +112,12 @@ TENANT_FIELDS: dict[str, Spec] = {
     "borrowed_gpus": COUNT,
     "queued": COUNT,
     "running": COUNT,
+    "usage_ref_gpu_h": Num(description="decayed use in reference-GPU-hours (fair share)"),
+    "usage_share": Num(description="share of all tenants' decayed use, 0-1"),
+    "fairshare_factor": Num(description="multiplies the tenant's weight in job priorities"),
+    "usage_history": Arr(
+        answer("UsageSample", {"time": Num(), "ref_gpu_h": Num()}), MANY, description="oldest first"
+    ),
 }
 TENANT = answer("Tenant", TENANT_FIELDS)
 EXPLAIN = answer(

@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from hopsmgr.control.snapshot import build_snapshot, waited_s
+from hopsmgr.control.usage import current_usage
+from hopsmgr.core import fairshare
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobView
 from hopsmgr.core.planner import Plan, priority_context
@@ -32,7 +34,13 @@ def wait_context(ctl: Controller) -> PriorityContext:
     plan = _plan(ctl)
     key = plan.now if plan is not None else None
     if ctl.wait_ctx is None or ctl.wait_ctx[0] != key:
-        snapshot = build_snapshot(ctl.machine.state, ctl.clock(), ctl.control_settings.exec_error_backoff_s)
+        settings = ctl.control_settings
+        snapshot = build_snapshot(
+            ctl.machine.state,
+            ctl.clock(),
+            settings.exec_error_backoff_s,
+            settings.scheduler.fairshare_half_life_h,
+        )
         ctl.wait_ctx = (key, priority_context(snapshot, ctl.estimator))
     return ctl.wait_ctx[1]
 
@@ -207,6 +215,16 @@ def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
             used += a.placement.gpus
     jobs = [j for j in ctl.state.jobs.values() if j.tenant == name]
     guaranteed = quota.guaranteed_gpus if quota else 0
+    scheduler = ctl.control_settings.scheduler
+    now = ctl.clock()
+    usage = current_usage(ctl.machine.state, now, scheduler.fairshare_half_life_h)
+    total_use = sum(usage.values())
+    weights = {t: q.weight for t, q in ctl.state.tenants.items()}
+    factor = fairshare.factors(usage, weights, ctl.state.tenants, scheduler.fairshare_strength).get(name, 1.0)
+    history = [
+        {"time": at, "ref_gpu_h": round(sample.get(name, 0.0) / 3600.0, 4)}
+        for at, sample in ctl.usage_history
+    ]
     return {
         "name": name,
         "tenant": name,
@@ -217,6 +235,10 @@ def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
         "borrowed_gpus": max(0, used - guaranteed),
         "queued": sum(1 for j in jobs if j.state == JobState.QUEUED),
         "running": sum(1 for j in jobs if j.state == JobState.RUNNING),
+        "usage_ref_gpu_h": round(usage.get(name, 0.0) / 3600.0, 4),
+        "usage_share": round(usage.get(name, 0.0) / total_use, 4) if total_use > 0 else 0.0,
+        "fairshare_factor": round(factor, 4) if scheduler.fairshare else 1.0,
+        "usage_history": history,
     }
 
 

@@ -32,6 +32,7 @@ from hopsmgr.control.events import (
     RoundTick,
 )
 from hopsmgr.control.machine import ControlSettings
+from hopsmgr.control.planning import STARVED_ROUNDS
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import TenantQuota
 from tests.control.harness import PROFILE, SERVERS, Harness, spec
@@ -112,15 +113,19 @@ def test_completion_frees_the_gpus_and_records_the_run(harness: Harness) -> None
 
 
 def test_a_preemption_holds_the_gpus_until_the_checkpoint_is_written() -> None:
-    # One 4-GPU server fully used: a new job that found no idle GPU for a whole round takes one for its
-    # profiling run from running work, which must checkpoint first.
+    # One 4-GPU server fully used: a new job that found no idle GPU for STARVED_ROUNDS rounds takes one
+    # for its profiling run from running work, which must checkpoint first. Sooner, it waits.
     h = Harness(servers=SERVERS[:1])
     (first,) = profiled(h, "small", (4,), samples=1e9)
     h.feed(AttemptStarted(h.stimulus(), first.attempt_id))
     h.now = 4 * 3600.0
     h.feed(JobSubmitted(h.stimulus(), spec("big", (4,), 1e5, at=h.now)))
     assert h.of(StartProfiling, h.feed(RoundTick(h.stimulus(), "first"))) == []  # no idle GPU yet
-    h.now += 2 * 120.0
+    for _ in range(STARVED_ROUNDS - 1):
+        h.now += 120.0
+        out = h.feed(RoundTick(h.stimulus(), "first"))
+        assert h.of(CheckpointAndStop, out) == [] and h.of(StartProfiling, out) == []
+    h.now += 120.0
     out = h.feed(RoundTick(h.stimulus(), "first"))
     assert [s.job_id for s in h.of(CheckpointAndStop, out)] == ["small"]
     assert h.of(StartProfiling, out) == [] and h.of(LaunchAttempt, out) == [], "nothing may start yet"
@@ -133,7 +138,7 @@ def test_a_preemption_holds_the_gpus_until_the_checkpoint_is_written() -> None:
     assert run.job_id == "big" and run.devices == {"v100-1": (0,)}
     small = h.machine.state.jobs["small"]
     assert small.state == JobState.QUEUED and small.has_checkpoint and small.preemptions == 1
-    assert small.running_s == pytest.approx(4 * 3600.0 + 250.0)
+    assert small.running_s == pytest.approx(4 * 3600.0 + STARVED_ROUNDS * 120.0 + 10.0)
     h.close()
 
 

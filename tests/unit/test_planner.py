@@ -145,6 +145,7 @@ def moving_round(
     fast: str = "A",
     speed: float = 3.0,
     min_attempt_s: float = 0.0,
+    preemption_cost: bool = True,
 ) -> Plan:
     # j runs on the slow a0 (an old attempt: not protected); the idle f1 (type `fast`) has `speed` x the
     # compute: moving multiplies the rate by `speed`.
@@ -156,6 +157,7 @@ def moving_round(
         round_seconds=round_seconds,
         restart_penalty=restart_penalty,
         min_attempt_s=min_attempt_s,
+        preemption_cost=preemption_cost,
     )
     return plan_round(snapshot(servers, [job]), profiled(job, types=("A", "B")), settings_)
 
@@ -181,9 +183,16 @@ def test_running_job_keeps_its_configuration_when_the_restart_costs_more(solver:
 
 
 def test_restart_penalty_threshold() -> None:
-    # With speed 1.5, moving pays exactly when 1.5 x (1 - 60 / round) > 1, i.e. round > 180 s.
-    assert moving_round(179.0, speed=1.5).assignments == {"j": C(a0=2)}
-    assert moving_round(181.0, speed=1.5).assignments == {"j": C(f1=2)}
+    # Without the preemption cost, moving pays exactly when 1.5 x (1 - 60 / round) > 1: round > 180 s.
+    assert moving_round(179.0, speed=1.5, preemption_cost=False).assignments == {"j": C(a0=2)}
+    assert moving_round(181.0, speed=1.5, preemption_cost=False).assignments == {"j": C(f1=2)}
+
+
+def test_a_move_also_pays_its_checkpoint() -> None:
+    # With it, the move loses the checkpoint too (5 s for a job with no parameters given): it pays
+    # when 1.5 x (1 - 65 / round) > 1, i.e. round > 195 s.
+    assert moving_round(194.0, speed=1.5).assignments == {"j": C(a0=2)}
+    assert moving_round(196.0, speed=1.5).assignments == {"j": C(f1=2)}
 
 
 def test_restart_horizon_is_at_least_the_minimum_attempt() -> None:
@@ -351,3 +360,37 @@ def test_busy_instance_tenant_caps_exact(seed: int, gpus: int, queued: int, cap:
     check_plan(plan, Instance(snap, inst.estimator), SchedulerSettings(solver="exact"))
     tenant_of = {v.id: v.spec.tenant for v in snap.jobs}
     assert sum(c.gpus for j, c in plan.assignments.items() if tenant_of[j] == "vision") <= cap
+
+
+@pytest.mark.parametrize(
+    ("preemption_cost", "wait", "kept"), [(True, 350.0, True), (False, 350.0, False), (True, 460.0, False)]
+)
+def test_a_preemption_must_pay_for_the_victims_checkpoint_and_restart(
+    preemption_cost: bool, wait: float, kept: bool
+) -> None:
+    # One GPU; r runs (an old attempt), q waits 350 s. Horizon H = max(120, 0 + 2 x 60) = 120 s; r's
+    # preemption would cost it c = 5 + 60 s. Projected priorities: r (0 + H + c) = 185, q (350 + H) = 470
+    # (over the same age). q's launch is worth 470 x (1 - 60/120) = 235: more than r's 185, not more than
+    # r's 185 x (1 + 65/120) = 285 once the cost of the preemption counts. After 460 s q's 290 pays.
+    servers = [srv("a0", 1, 1.0)]
+    running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    queued = JobView(spec("q", 1), waited_s=wait)
+    settings_ = SchedulerSettings(
+        solver="exact", gap=0.0, round_seconds=120.0, min_attempt_s=0.0, preemption_cost=preemption_cost
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
+    assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
+
+
+@pytest.mark.parametrize(("projected", "first"), [(True, "r"), (False, "q")])
+def test_the_projected_latency_ratio_counts_what_a_preemption_would_add(projected: bool, first: str) -> None:
+    # r runs having waited 50 s; q has waited 100 s. Plain ratios: q ahead. Projected over the horizon
+    # (120 s), r also counting its checkpoint and restart (65 s): r 235, q 220: r ahead.
+    servers = [srv("a0", 1, 1.0)]
+    running = JobView(spec("r", 1), current=C(a0=1), waited_s=50.0, running_s=500.0, attempt_s=500.0)
+    queued = JobView(spec("q", 1), waited_s=100.0)
+    settings_ = SchedulerSettings(
+        solver="exact", round_seconds=120.0, min_attempt_s=0.0, projected_priority=projected
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
+    assert plan.order[0] == first

@@ -174,7 +174,7 @@ def test_logs_follow_ctrl_c_exits_0(
             ["quota"],
             "GET",
             "/api/v1/tenants",
-            "TENANT  GUARANTEED  CAP  WEIGHT  USED  BORROWED  QUEUED  RUNNING",
+            "TENANT  GUARANTEED  CAP  WEIGHT  USED  BORROWED  QUEUED  RUNNING  USE(REF-GPU-H)  SHARE  FACTOR",
         ),
         (["cluster"], "GET", "/api/v1/cluster", "gpus:         4"),
     ],

@@ -123,11 +123,22 @@ def test_nodes_table() -> None:
 
 def test_tenants_table() -> None:
     tenant = {"name": "vision", "guaranteed_gpus": 16, "cap_gpus": None, "weight": 1.0, "used_gpus": 8,
-              "borrowed_gpus": 0, "queued": 3, "running": 2}  # fmt: skip
+              "borrowed_gpus": 0, "queued": 3, "running": 2, "usage_ref_gpu_h": 12.5, "usage_share": 0.25,
+              "fairshare_factor": 5.66, "usage_history": [{"time": 1796035300.0, "ref_gpu_h": 12.5}]}  # fmt: skip
     assert render.tenants_table([tenant]).splitlines() == [
-        "TENANT  GUARANTEED  CAP  WEIGHT  USED  BORROWED  QUEUED  RUNNING",
-        "vision  16          -    1       8     0         3       2",
+        "TENANT  GUARANTEED  CAP  WEIGHT  USED  BORROWED  QUEUED  RUNNING  USE(REF-GPU-H)  SHARE  FACTOR",
+        "vision  16          -    1       8     0         3       2        12.50           0.25   5.66",
     ]
+
+
+def test_usage_history_text(utc: None) -> None:
+    tenants = [
+        {"name": "vision", "usage_history": [{"time": 1796035300.0, "ref_gpu_h": 12.5}]},
+        {"name": "nlp"},
+    ]
+    lines = render.usage_history_text(tenants).splitlines()
+    assert lines[0] == "vision:" and lines[1] == "  2026-11-30T10:41:40+00:00  12.50 ref-GPU-h"
+    assert lines[2:] == ["nlp:", "  (no samples yet)"]
 
 
 def test_cluster_text(utc: None) -> None:

@@ -29,7 +29,7 @@ from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
-from hopsmgr.master.store import Store
+from hopsmgr.master.store import StoreError, open_store
 from hopsmgr.master.tokens import new_token
 
 log = structlog.get_logger("hopsmgr.master")
@@ -121,8 +121,11 @@ class MasterProcess:
         sys.setswitchinterval(0.001)
         tls = check_listen(self.config)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(self.state_dir / "state.db")
         m = self.config.master
+        try:
+            store = open_store(m.store or self.state_dir / "state.db")
+        except StoreError as exc:
+            raise StartError(str(exc)) from exc
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
         ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
         commands.attach(ctl)

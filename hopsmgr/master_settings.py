@@ -23,6 +23,7 @@ class MasterSettings:
     # where the state lives: empty = <state_dir>/state.db (SQLite); a file path (SQLite); or a
     # postgresql:// URL (PostgreSQL: several masters, one leader; see docs/operations.md)
     store: str = ""
+    advertise_url: str = ""  # the URL clients reach this master at (told by standbys); default: from listen
     lease_s: float = 10.0  # PostgreSQL only: a leader that cannot confirm its lock this long steps down
     lease_check_s: float = 2.0  # PostgreSQL only: how often the leader confirms its lock (and standbys try)
     tls_cert: str = ""
@@ -57,6 +58,8 @@ class MasterSettings:
             raise bad("store", store_problem)
         if not 0 < self.lease_check_s < self.lease_s / 2:
             raise bad("lease_check_s", "must be > 0 and less than half of lease_s")
+        if self.advertise_url and not re.fullmatch(r"https?://[^/\s]+", self.advertise_url):
+            raise bad("advertise_url", "must be http://host:port or https://host:port (no path)")
         if not 1 <= self.lease_s <= 300:
             raise bad("lease_s", "must be in [1, 300] seconds")
         match = _LISTEN_RE.fullmatch(self.listen)

@@ -135,26 +135,34 @@ def connect(url: str, *, application: str, keepalive_s: float = 5.0) -> Any:
     return conn
 
 
-def check_session(conn: Any, url: str, rounds: int = 4) -> None:
-    """Refuse a transaction-mode pooler: the session (backend pid, a session variable) must survive
-    from one transaction to the next."""
+def check_session(conn: Any, url: str, rounds: int = 3) -> None:
+    """Refuse a transaction-mode pooler: this connection's session (backend pid, a session variable) must
+    survive from one transaction to the next, and a second connection must get a session of its own (a
+    pooler hands it the server connection this one left idle)."""
     token = secrets.token_hex(8)
+    pooled = StoreError(
+        f"master.store = {redact(url)!r} reaches PostgreSQL through a transaction-mode connection pooler "
+        "(two transactions of one connection ran in different sessions, or two connections in one): the "
+        "leader lease is a session advisory lock and needs a direct connection, or a pool in session mode "
+        "(PgBouncer pool_mode = session)"
+    )
+    probe = connect(url, application="hopsmgr-probe")
     try:
         conn.execute("SELECT set_config('hopsmgr.session_probe', %s, false)", (token,))
         pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
         for _ in range(rounds):
-            row = conn.execute(
+            other = probe.execute(
                 "SELECT pg_backend_pid(), current_setting('hopsmgr.session_probe', true)"
             ).fetchone()
-            if row[0] != pid or row[1] != token:
-                raise StoreError(
-                    f"master.store = {redact(url)!r} reaches PostgreSQL through a transaction-mode "
-                    "connection pooler (the session changed between two transactions): the leader lease "
-                    "is a session advisory lock and needs a direct connection, or a pool in session mode "
-                    "(PgBouncer pool_mode = session)"
-                )
+            mine = conn.execute(
+                "SELECT pg_backend_pid(), current_setting('hopsmgr.session_probe', true)"
+            ).fetchone()
+            if other[0] == pid or other[1] == token or mine[0] != pid or mine[1] != token:
+                raise pooled
     except psycopg.Error as exc:
         raise StoreError(f"master.store = {redact(url)!r}: cannot check the session: {exc}") from exc
+    finally:
+        probe.close()
 
 
 class PgStore(Store):

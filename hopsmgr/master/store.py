@@ -474,5 +474,9 @@ class Store:
         """Where the state is, for logs and status (no secrets)."""
         return str(self.path)
 
+    def fence(self, epoch: int) -> None:
+        """Refuse transactions once a newer epoch was taken: a no-op on SQLite, whose file one master
+        holds (PostgreSQL: hopsmgr.master.pgstore)."""
+
     def integrity_ok(self) -> bool:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0]) == "ok"

@@ -32,6 +32,7 @@ DEFAULT_CLIENT_CONFIG = Path("~/.config/hopsmgr/client.toml")
 URL_ENV = "HOPSMGR_URL"
 TOKEN_ENV = "HOPSMGR_TOKEN"
 CLIENT_KEYS = ("url", "token", "token_file")
+FAILOVER_WAIT_S = 45.0  # how long a request waits for a new leader once a standby answered
 NO_TOKEN = "no API token: pass --token, set HOPSMGR_TOKEN or write token in client.toml"
 
 Params = Mapping[str, "str | int | float | Sequence[str] | None"]
@@ -66,8 +67,11 @@ class ClientConfigError(ValueError):
 class ApiClient:
     """Talks JSON to the master with one bearer token. `url` may name several masters ("url1,url2", a
     PostgreSQL store with standbys): a request goes to the one that answered last; a master that cannot
-    be reached, or a standby's 503 (which names the leader), sends it to the leader or the next URL, and
-    each URL is tried once more after a second, so a request caught by a failover is retried once."""
+    be reached, or a standby's 503 (which names the leader), sends it to the leader or the next URL. Each
+    URL is tried twice (a second apart) before the client gives up; once a standby answered, a failover
+    is under way and the client keeps trying for up to FAILOVER_WAIT_S. A request is sent again only
+    when no answer came: a submission whose master died after storing it and before answering may be
+    stored twice (two job ids; rare)."""
 
     def __init__(self, url: str, token: str | None, timeout: float = 30) -> None:
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
@@ -82,27 +86,33 @@ class ApiClient:
         return self._request("POST", path, None, {} if body is None else dict(body))
 
     def _request(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:
-        tries = 2 * len(self.urls)
-        for n in range(tries):
+        failover_until: float | None = None  # set once a standby answered: a failover is under way
+        unreachable = 0
+        while True:
             try:
                 return self._request_one(method, path, params, body)
             except StandbyError as exc:
-                if n == tries - 1:
+                now = time.monotonic()
+                failover_until = failover_until or now + FAILOVER_WAIT_S
+                if now > failover_until:
                     raise
-                if exc.leader:
+                if exc.leader and exc.leader != self.url:
                     self.url = exc.leader
                     continue
-                self._next(n)
+                unreachable += 1
+                self._next(unreachable)
             except MasterUnreachable:
-                if n == tries - 1:
+                unreachable += 1
+                if failover_until is None and unreachable >= 2 * len(self.urls):
                     raise
-                self._next(n)
-        raise AssertionError("unreachable")
+                if failover_until is not None and time.monotonic() > failover_until:
+                    raise
+                self._next(unreachable)
 
     def _next(self, n: int) -> None:
         index = self.urls.index(self.url) if self.url in self.urls else -1
         self.url = self.urls[(index + 1) % len(self.urls)]
-        if (n + 1) % len(self.urls) == 0:
+        if n % len(self.urls) == 0:
             time.sleep(1.0)  # every URL tried once: wait for a failover to finish, then once more
 
     def _request_one(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:

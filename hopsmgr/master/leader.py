@@ -6,11 +6,9 @@ tries to take it every `lease_check_s`. The leader confirms it every `lease_chec
 that checks, on the server, that this very session still holds the lock; the lease counts from the moment
 the last confirming query was *sent*. When a query fails (connection lost, backend terminated) or no
 confirmation came for `lease_s`, the leader steps down at once (`on_lost`: the master exits without
-writing anything). The server keeps a dead session, and so the lock, for at least its TCP keepalive time
+writing anything). The confirming runs in a watchdog thread: a database call that hangs on the event
+loop cannot keep the leader acting. The server keeps a dead session, and so the lock, for at least its TCP keepalive time
 (`lease_s` + 3 s, set on this connection): a partitioned leader has stopped before the lock can pass.
-
-The blocking driver calls run in a thread of their own; the deadline is kept by the event loop, so a
-query that hangs (a network cut) cannot keep the leader acting.
 
 Who leads is also written to the store (meta key `leader`: url, since, epoch) for standbys and status.
 """
@@ -20,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +90,7 @@ class Lease:
         self.confirmed_at = 0.0  # send time of the last confirming query (monotonic)
         self.attempts = 0
         self.last_error = ""
+        self._stopped = threading.Event()
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
@@ -129,30 +130,38 @@ class Lease:
             self.confirmed_at = max(self.confirmed_at, sent)
         return ok
 
-    async def hold(self, on_lost: Callable[[str], None]) -> None:
-        """Confirm the lease every check_s; call `on_lost(reason)` (once) the moment it is not certain."""
-        pending: asyncio.Future[Any] | None = None
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(self._call(self._confirm))
-            try:
-                ok = await asyncio.wait_for(asyncio.shield(pending), timeout=self.check_s)
-            except asyncio.TimeoutError:
-                ok = None  # still waiting for the answer: the deadline decides
-            except Exception as exc:
-                on_lost(f"the lease connection failed: {exc}")
-                return
-            else:
-                pending = None
-                if not ok:
-                    on_lost("the lease's advisory lock is no longer held by this session")
+    def watch(self, on_lost: Callable[[str], None]) -> threading.Thread:
+        """Confirm the lease every check_s from a thread of its own, and call `on_lost(reason)` from it
+        (once) the moment the lease is not certain. A thread, not a task: a database call that hangs (a
+        network cut) may block the event loop, and the leader must still stop in time."""
+
+        def run() -> None:
+            pending: Future[bool] | None = None
+            while not self._stopped.is_set():
+                if pending is None:
+                    pending = self.pool.submit(self._confirm)
+                try:
+                    ok: bool | None = pending.result(timeout=self.check_s)
+                except FutureTimeout:
+                    ok = None  # still waiting for the answer: the deadline decides
+                except Exception as exc:
+                    on_lost(f"the lease connection failed: {exc}".strip())
                     return
-            age = self.clock() - self.confirmed_at
-            if age >= self.lease_s:
-                on_lost(f"the lease was not confirmed for {age:.1f} s (lease_s = {self.lease_s:g})")
-                return
-            if ok:
-                await asyncio.sleep(max(0.0, self.check_s - (self.clock() - self.confirmed_at)))
+                else:
+                    pending = None
+                    if not ok:
+                        on_lost("the lease's advisory lock is no longer held by this session")
+                        return
+                age = self.clock() - self.confirmed_at
+                if age >= self.lease_s:
+                    on_lost(f"the lease was not confirmed for {age:.1f} s (lease_s = {self.lease_s:g})")
+                    return
+                if ok:
+                    self._stopped.wait(max(0.0, self.check_s - age))
+
+        thread = threading.Thread(target=run, name="lease-watchdog", daemon=True)
+        thread.start()
+        return thread
 
     def remaining(self) -> float:
         return self.lease_s - (self.clock() - self.confirmed_at)
@@ -165,5 +174,6 @@ class Lease:
 
     def close(self) -> None:
         """Release the lock by closing its session (a clean stop hands over at once)."""
+        self._stopped.set()
         self._drop()
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -121,6 +121,7 @@ def connect(url: str, *, application: str, keepalive_s: float = 5.0) -> Any:
             keepalives_idle=idle,
             keepalives_interval=1,
             keepalives_count=3,
+            tcp_user_timeout=idle * 1000,  # data sent and not acknowledged this long: the link is down
         )
     except psycopg.Error as exc:
         raise StoreError(f"master.store = {redact(url)!r}: cannot connect: {exc}".strip()) from exc
@@ -188,7 +189,11 @@ class PgStore(Store):
 
     def _connect(self) -> Any:
         conn = connect(self.url, application="hopsmgr-master")
-        check_session(conn, self.url)
+        try:
+            check_session(conn, self.url)
+        except StoreError:
+            conn.close()
+            raise
         try:
             # a transaction left open by a master that hangs must not hold the epoch row for long
             conn.execute("SET idle_in_transaction_session_timeout = '15s'")

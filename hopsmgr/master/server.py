@@ -129,7 +129,6 @@ class MasterProcess:
         self.lease: Lease | None = None
         self.store: Store | None = None
         self.role = "starting"
-        self.leading = asyncio.Event()
         self.on_step_down: Callable[[str], None] = self._exit_stepped_down
         self._tls: ssl.SSLContext | None = None
         self._cluster_token = ""
@@ -166,14 +165,12 @@ class MasterProcess:
         await self.runner.cleanup()  # the leader's API takes the same port
         self.runner = None
         await self._lead()
-        self.tasks.append(asyncio.create_task(self.lease.hold(self._lost)))
+        self.lease.watch(self._lost)
 
     def _lost(self, reason: str) -> None:
+        """The lease is not certain any more (called from the lease's watchdog thread): stop at once."""
         log.critical("leader_step_down", reason=reason, epoch=self.ctl.epoch if self.ctl else 0)
         self.role = "stepped_down"
-        self.leading.clear()
-        if self.loop is not None:
-            self.loop.close()  # no plan is acted on any more (and the planner process is gone)
         self.on_step_down(reason)
 
     def _exit_stepped_down(self, reason: str) -> None:
@@ -238,7 +235,6 @@ class MasterProcess:
         self.loop = loop
         self.tasks += [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
         self._write_info()
-        self.leading.set()
         log.info(
             "master_listening",
             url=self.url,

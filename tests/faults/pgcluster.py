@@ -37,6 +37,7 @@ class PgCluster:
     lease_check_s: float = 0.5
     tenants: str = ""
     store_url: str = ""  # default: a new database on `pg` (through a unix socket)
+    master_store: dict[int, str] = field(default_factory=dict)  # a master's own URL of it (e.g. a proxy)
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -47,7 +48,8 @@ class PgCluster:
             self.store_url = self.pg.url(self.pg.new_database())
         self.ports = [free_port() for _ in range(self.masters)]
         (self.root / "cluster.token").write_text("cluster-token-" + os.urandom(12).hex() + "\n")
-        self.write_config()
+        for i in range(self.masters):
+            self.write_config(i)
 
     def url(self, i: int) -> str:
         return f"http://127.0.0.1:{self.ports[i]}"
@@ -56,14 +58,15 @@ class PgCluster:
     def urls(self) -> list[str]:
         return [self.url(i) for i in range(self.masters)]
 
-    def write_config(self, store_url: str | None = None) -> Path:
+    def write_config(self, i: int) -> Path:
+        """Master `i`'s cluster file (all alike but for the store's URL)."""
         lines = ["[cluster]", 'name = "ha"']
         for n in self.nodes:
             lines += ["[[servers]]", f'id = "{n.id}"', f'gpu_type = "{n.gpu_type}"', f"gpus = {n.gpus}"]
         lines += ["[scheduler]", "round_seconds = 2", "min_attempt_s = 0", "profiling_iterations = 10"]
         lines += [
             "[master]",
-            f'store = "{store_url or self.store_url}"',
+            f'store = "{self.master_store.get(i, self.store_url)}"',
             f'cluster_token_file = "{self.root / "cluster.token"}"',
             f'checkpoint_root = "{self.root / "checkpoints"}"',
             "heartbeat_interval_s = 0.3",
@@ -74,7 +77,7 @@ class PgCluster:
             f"lease_check_s = {self.lease_check_s}",
             self.tenants,
         ]
-        path = self.root / "cluster.toml"
+        path = self.root / f"cluster{i}.toml"
         path.write_text("\n".join(lines) + "\n")
         return path
 
@@ -90,7 +93,7 @@ class PgCluster:
                     "hopsmgr.cli.main",
                     "master",
                     "--config",
-                    str(self.root / "cluster.toml"),
+                    str(self.root / f"cluster{i}.toml"),
                     "--state-dir",
                     str(state),
                     "--listen",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from hopsmgr.master.server import STEPPED_DOWN
-from tests.faults.helpers import RunWatcher
+from tests.faults.helpers import RunWatcher, TcpProxy
 from tests.faults.pgcluster import PgCluster
 from tests.helpers.postgres import PostgresServer, missing_reason
 from tests.integration.cluster import Node, wait_for
@@ -211,3 +211,50 @@ def test_postgres_restarted_under_the_leader(cluster: PgCluster) -> None:
         wait_for(lambda: cluster.leader() is not None, 40, "a leader once PostgreSQL is back")
         cluster.wait_leader(40)
         check_outcome(cluster, watcher, leaders, ids, before)
+
+
+def test_leader_cut_from_postgres_steps_down_before_the_lease_can_pass(
+    tmp_path: Path, pg_server: PostgresServer
+) -> None:
+    """Master 0 reaches PostgreSQL through a TCP proxy, the nodes directly. The proxy goes silent (bytes
+    dropped, no connection closed): master 0 must stop within lease_s of its last confirmation. The
+    proxy then closes its connections at the earliest moment the server itself could drop the silent
+    session (its TCP keepalive: lease_s + 3 s after the last bytes it got, which came at most
+    lease_check_s before the cut), and only then can master 1 take over."""
+    database = pg_server.new_database()
+    proxy = TcpProxy(pg_server.port).start()
+    cluster = PgCluster(
+        tmp_path,
+        pg_server,
+        [Node("n1", "v100", 1), Node("n2", "v100", 1)],
+        store_url=pg_server.url(database),
+        master_store={0: pg_server.url(database, tcp=True, port=proxy.port)},
+    )
+    try:
+        cluster.start_master(0)
+        wait_for(lambda: cluster.leader() == 0, 30, "master 0 to lead")
+        cluster.start_master(1)
+        for n in cluster.nodes:
+            cluster.start_agent(n.id)
+        with RunWatcher(cluster.root) as watcher, LeaderWatch(cluster) as leaders:
+            ids, before = submit_and_wait_running(cluster, 4, iters=200)
+            epoch = cluster.health(0)["epoch"]  # type: ignore[index]
+            cut = time.monotonic()
+            proxy.freeze()
+            server_drops = cut - cluster.lease_check_s + cluster.lease_s + 3
+            wait_for(lambda: cluster.exit_code(0) is not None, cluster.lease_s + 5, "master 0 to step down")
+            stepped = time.monotonic()
+            assert cluster.exit_code(0) == STEPPED_DOWN and stepped < server_drops
+            assert "was not confirmed for" in (cluster.root / "master0.log").read_text()
+            assert cluster.leader() is None  # the lock is still held by the silent session: nobody leads
+            time.sleep(max(0.0, server_drops - time.monotonic()))
+            proxy.stop()  # the server drops the silent session (and with it the lock)
+            wall_stepped = time.time() - (time.monotonic() - stepped)
+            cluster.procs.pop(0)
+            new, _ = cluster.wait_leader(40, other_than=0)
+            assert new == 1 and cluster.health(1)["epoch"] > epoch  # type: ignore[index]
+            check_outcome(cluster, watcher, leaders, ids, before)
+        assert old_epoch_acts_after(cluster, epoch, wall_stepped) == []
+    finally:
+        cluster.close()
+        proxy.stop()

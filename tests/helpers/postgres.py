@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,48 @@ class PostgresServer:
         with contextlib.suppress(RuntimeError):
             self.stop("immediate")
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PgBouncer:
+    """A real PgBouncer (Debian's /usr/sbin/pgbouncer) in front of `server`'s `database`, in `mode`
+    (session, transaction or statement), as the postgres account when we are root."""
+
+    BINARY = Path("/usr/sbin/pgbouncer")
+
+    def __init__(self, server: PostgresServer, database: str, mode: str) -> None:
+        self.server = server
+        self.port = free_port()
+        self.dir = server.root / f"pgbouncer-{self.port}"
+        self.dir.mkdir()
+        (self.dir / "users.txt").write_text(f'"{server.user}" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"{database} = host={server.root} port={server.port} dbname={database}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {self.dir / 'users.txt'}\npool_mode = {mode}\n"
+            f"logfile = {self.dir / 'pgbouncer.log'}\npidfile = {self.dir / 'pgbouncer.pid'}\n"
+            "default_pool_size = 4\n"
+        )
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+            for f in self.dir.iterdir():
+                shutil.chown(f, "postgres", "postgres")
+        argv = [str(self.BINARY), str(self.dir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                return
+            time.sleep(0.05)
+        self.close()
+        raise RuntimeError(f"pgbouncer did not listen: {(self.dir / 'pgbouncer.log').read_text()}")
+
+    def url(self, database: str) -> str:
+        return f"postgresql://{self.server.user}@127.0.0.1:{self.port}/{database}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)

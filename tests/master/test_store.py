@@ -14,7 +14,7 @@ import pytest
 from hopsmgr.master.pgstore import DeposedError, PgStore, pg_ddl, pg_sql
 from hopsmgr.master.settings import MasterSettings
 from hopsmgr.master.store import SCHEMA_VERSION, Store, StoreError, hash_token, open_store
-from tests.helpers.postgres import PostgresServer
+from tests.helpers.postgres import PgBouncer, PostgresServer
 from tests.master.conftest import Backend
 
 try:
@@ -320,3 +320,31 @@ def test_good_store_settings() -> None:
     assert not MasterSettings(store="/var/lib/hopsmgr/state.db").postgres
     assert MasterSettings(store="postgresql://hops@db.lab:5432/hops").postgres
     assert MasterSettings(store="postgresql:///hops?host=/run/postgresql").postgres
+
+
+@pytest.mark.skipif(
+    not PgBouncer.BINARY.exists(), reason="pgbouncer is not installed (apt-get install pgbouncer)"
+)
+@pytest.mark.parametrize("mode", ["transaction", "statement"])
+def test_pg_a_transaction_mode_pooler_is_refused(pg_server: PostgresServer, mode: str) -> None:
+    database = pg_server.new_database()
+    bouncer = PgBouncer(pg_server, database, mode)
+    try:
+        with pytest.raises(StoreError, match=r"transaction-mode connection pooler.*pool_mode = session"):
+            open_store(bouncer.url(database))
+    finally:
+        bouncer.close()
+
+
+@pytest.mark.skipif(
+    not PgBouncer.BINARY.exists(), reason="pgbouncer is not installed (apt-get install pgbouncer)"
+)
+def test_pg_a_session_mode_pooler_is_accepted(pg_server: PostgresServer) -> None:
+    database = pg_server.new_database()
+    bouncer = PgBouncer(pg_server, database, "session")
+    try:
+        store = open_store(bouncer.url(database))
+        assert store.schema_version == SCHEMA_VERSION
+        store.close()
+    finally:
+        bouncer.close()

@@ -210,8 +210,10 @@ class PgCluster:
         assert status < 300, f"{method} {path} -> {status}: {data}"
         return data
 
-    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "HOPSMGR_URL": ",".join(self.urls), "HOPSMGR_TOKEN": self.admin_token}
+    def cli(self, *args: str, check: bool = True, first: int = 0) -> subprocess.CompletedProcess[str]:
+        """The CLI given every master's URL, master `first`'s first."""
+        urls = [self.url(first)] + [u for i, u in enumerate(self.urls) if i != first]
+        env = {**os.environ, "HOPSMGR_URL": ",".join(urls), "HOPSMGR_TOKEN": self.admin_token}
         proc = subprocess.run(
             [PYTHON, "-m", "hopsmgr.cli.main", *args], capture_output=True, text=True, env=env, timeout=90
         )
@@ -221,10 +223,12 @@ class PgCluster:
             )
         return proc
 
-    def submit(self, *, iters: int = 40, step: float = 0.05, name: str = "job", check: bool = True) -> str:
+    def submit(
+        self, *, iters: int = 40, step: float = 0.05, name: str = "job", check: bool = True, first: int = 0
+    ) -> str:
         args = ["submit", "--gpus", "1", "--batch-size", "8", "--iters", str(iters), "--name", name, "--"]
         args += [PYTHON, EXAMPLE, "--iters", str(iters), "--batch-size", "8", "--step-seconds", str(step)]
-        return self.cli(*args, check=check).stdout.strip()
+        return self.cli(*args, check=check, first=first).stdout.strip()
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         return {j["id"]: j for j in self.api("GET", "/api/v1/jobs")["jobs"]}

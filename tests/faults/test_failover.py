@@ -192,7 +192,7 @@ def test_two_masters_started_at_once_one_leads_the_other_sends_callers_to_it(clu
         assert refused.value.code == 503
         assert json.loads(refused.value.read())["leader"] == cluster.url(leader)
         # the CLI given the standby first follows the leader
-        ids = [cluster.submit(iters=30, name=f"j{k}") for k in range(3)]
+        ids = [cluster.submit(iters=30, name=f"j{k}", first=standby) for k in range(3)]
         assert cluster.rows("SELECT COUNT(*) AS n FROM jobs") == [{"n": 3}]
         check_outcome(cluster, watcher, leaders, ids, {})
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from hopsmgr.master.pgstore import connect, redact
+from hopsmgr.master.pgstore import check_session, connect, redact
 from hopsmgr.master.store import Store, StoreError
 
 log = structlog.get_logger("hopsmgr.master")
@@ -98,6 +98,7 @@ class Lease:
     def _try(self) -> bool:
         if self.conn is None or self.conn.closed or self.conn.broken:
             self.conn = connect(self.url, application="hopsmgr-lease", keepalive_s=self.lease_s)
+            check_session(self.conn, self.url)  # a lock taken through a transaction pooler is no lease
             self.pid = int(self.conn.execute("SELECT pg_backend_pid()").fetchone()[0])
         sent = self.clock()
         got = bool(self.conn.execute("SELECT pg_try_advisory_lock(%s)", (LEASE_KEY,)).fetchone()[0])

@@ -161,11 +161,15 @@ class MasterProcess:
     async def _standby(self) -> None:
         assert self.lease is not None
         await self.lease.acquire()
-        assert self.runner is not None
-        await self.runner.cleanup()  # the leader's API takes the same port
-        self.runner = None
-        await self._lead()
-        self.lease.watch(self._lost)
+        self.lease.watch(self._lost)  # from now on: the lease is confirmed, or this master stops
+        try:
+            assert self.runner is not None
+            await self.runner.cleanup()  # the leader's API takes the same port
+            self.runner = None
+            await self._lead()
+        except Exception as exc:  # a leader that cannot lead must not keep the lease
+            log.exception("leader_takeover_failed", error=repr(exc))
+            self._lost(f"the takeover failed: {exc!r}")
 
     def _lost(self, reason: str) -> None:
         """The lease is not certain any more (called from the lease's watchdog thread): stop at once."""

@@ -63,7 +63,9 @@ class PgCluster:
         lines = ["[cluster]", 'name = "ha"']
         for n in self.nodes:
             lines += ["[[servers]]", f'id = "{n.id}"', f'gpu_type = "{n.gpu_type}"', f"gpus = {n.gpus}"]
-        lines += ["[scheduler]", "round_seconds = 2", "min_attempt_s = 0", "profiling_iterations = 10"]
+        # min_attempt_s: a running job keeps its GPUs (no preemption, no move), so a job that gets a
+        # second run attempt after a failover was restarted by it
+        lines += ["[scheduler]", "round_seconds = 2", "min_attempt_s = 600", "profiling_iterations = 10"]
         lines += [
             "[master]",
             f'store = "{self.master_store.get(i, self.store_url)}"',

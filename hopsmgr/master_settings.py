@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
 
 EXECUTORS: tuple[str, ...] = ("local", "ssh")
 PLANNERS: tuple[str, ...] = ("process", "thread")
@@ -19,6 +20,12 @@ LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
 class MasterSettings:
     listen: str = "127.0.0.1:8470"
     state_dir: str = ""  # default: ~/.local/state/hopsmgr (or --state-dir)
+    # where the state lives: empty = <state_dir>/state.db (SQLite); a file path (SQLite); or a
+    # postgresql:// URL (PostgreSQL: several masters, one leader; see docs/operations.md)
+    store: str = ""
+    advertise_url: str = ""  # the URL clients reach this master at (told by standbys); default: from listen
+    lease_s: float = 10.0  # PostgreSQL only: a leader that cannot confirm its lock this long steps down
+    lease_check_s: float = 2.0  # PostgreSQL only: how often the leader confirms its lock (and standbys try)
     tls_cert: str = ""
     tls_key: str = ""
     insecure: bool = False  # allow a non-loopback address without TLS (logged loudly)
@@ -46,6 +53,15 @@ class MasterSettings:
         def bad(name: str, reason: str) -> ValueError:
             return ValueError(f"master.{name}: {reason}, got {getattr(self, name)!r}")
 
+        store_problem = check_store(self.store)
+        if store_problem:
+            raise bad("store", store_problem)
+        if not 0 < self.lease_check_s < self.lease_s / 2:
+            raise bad("lease_check_s", "must be > 0 and less than half of lease_s")
+        if self.advertise_url and not re.fullmatch(r"https?://[^/\s]+", self.advertise_url):
+            raise bad("advertise_url", "must be http://host:port or https://host:port (no path)")
+        if not 1 <= self.lease_s <= 300:
+            raise bad("lease_s", "must be in [1, 300] seconds")
         match = _LISTEN_RE.fullmatch(self.listen)
         if match is None or not 0 <= int(match.group("port")) <= 65535:
             raise bad("listen", "must be host:port with a port in [0, 65535]")
@@ -81,6 +97,10 @@ class MasterSettings:
             raise bad("remote_python", "must not be empty")
 
     @property
+    def postgres(self) -> bool:
+        return self.store.startswith(("postgresql://", "postgres://"))
+
+    @property
     def host(self) -> str:
         host, _, _ = self.listen.rpartition(":")
         return host.strip("[]")
@@ -96,3 +116,25 @@ class MasterSettings:
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert)
+
+
+def check_store(store: str) -> str:
+    """What is wrong with a `store` value ("" when nothing)."""
+    if not isinstance(store, str):
+        return "must be a file path or a postgresql:// URL"
+    scheme, sep, _ = store.partition("://")
+    if not sep:
+        return ""  # a path: SQLite
+    if scheme not in ("postgresql", "postgres"):
+        return f"unknown scheme {scheme + '://'!r}: a file path (SQLite) or a postgresql:// URL"
+    try:
+        parts = urlsplit(store)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        return f"not a valid URL ({exc})"
+    query = parse_qs(parts.query)
+    if not parts.path.strip("/") and "dbname" not in query:
+        return "a postgresql:// URL needs a database name (postgresql://user@host/dbname)"
+    if not parts.hostname and "host" not in query:
+        return "a postgresql:// URL needs a host (postgresql://user@host/dbname, or ?host=/socket/dir)"
+    return ""

@@ -1,7 +1,8 @@
 """Agent configuration (TOML): which node this is, where the master is, and its devices.
 
     node = "gpu01"                      # the server id in the master's cluster config
-    master = "http://127.0.0.1:8470"    # the master's URL
+    master = "http://127.0.0.1:8470"    # the master's URL; several masters on PostgreSQL: a list
+                                        #   (or "url1,url2"): the agent beats to the one that leads
     cluster_token_file = "/etc/hopsmgr/cluster.token"
     workdir = "/var/lib/hopsmgr/node"   # attempts, logs and (without a shared path) checkpoints
     devices = "emulated"                # "nvml" (real GPUs) | "cpu" (no GPU: CPU-only work, kernels on
@@ -80,6 +81,11 @@ class AgentConfig:
     probe_port: int = 0
     peers: tuple[tuple[str, int], ...] = ()
 
+    @property
+    def masters(self) -> tuple[str, ...]:
+        """The master URLs, in the order given (`master` holds them comma-separated)."""
+        return tuple(self.master.split(","))
+
 
 def parse_agent_config(data: dict[str, Any], source: str) -> AgentConfig:
     def fail(key: str, value: object, reason: str) -> ConfigError:
@@ -88,14 +94,18 @@ def parse_agent_config(data: dict[str, Any], source: str) -> AgentConfig:
     for key in data:
         if key not in _KEYS:
             raise fail(key or '""', data[key], f"unknown key (known: {', '.join(_KEYS)})")
+    masters = data.get("master")
+    if isinstance(masters, list) and masters and all(isinstance(m, str) for m in masters):
+        data = {**data, "master": ",".join(masters)}
     for key in ("node", "master", "workdir"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise fail(key, data.get(key), "is required (a non-empty string)")
     if not ID_RE.fullmatch(data["node"]):
         raise fail("node", data["node"], "must match [A-Za-z0-9_.-]{1,64}")
-    scheme, _, rest = data["master"].partition("://")
-    if scheme not in ("http", "https") or not rest.split("/")[0]:
-        raise fail("master", data["master"], "must be an http:// or https:// URL with a host")
+    for url in data["master"].split(","):
+        scheme, _, rest = url.strip().partition("://")
+        if scheme not in ("http", "https") or not rest.split("/")[0]:
+            raise fail("master", data["master"], "must be an http:// or https:// URL with a host (or a list)")
     for key in ("workdir", "cluster_token", "cluster_token_file", "tls_ca"):
         value = data.get(key, "")
         if not isinstance(value, str):
@@ -143,7 +153,7 @@ def parse_agent_config(data: dict[str, Any], source: str) -> AgentConfig:
             raise fail("emulated.speed", speed, "must be a number > 0")
     return AgentConfig(
         node=data["node"],
-        master=data["master"].rstrip("/"),
+        master=",".join(u.strip().rstrip("/") for u in data["master"].split(",")),
         token=token,
         workdir=os.path.abspath(data["workdir"]),
         devices=devices,

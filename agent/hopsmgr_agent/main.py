@@ -70,6 +70,9 @@ class Agent:
         self.stopping: set[str] = set()
         self.beats = 0
         self.collected = 0.0
+        self.current = 0  # index of the master URL beaten to (several masters: PostgreSQL store)
+        self.leader = ""  # the leader a standby named
+        self.tried = 0  # failed beats in a row (each URL tried before backing off)
         if inventory is not None:
             self.gpu_type, self.gpus = config.gpu_type or inventory.gpu_type, len(inventory.gpus)
         else:
@@ -202,17 +205,40 @@ class Agent:
         """Retry at least every two intervals, so a restarted master sees us within its grace period."""
         return min(30.0, max(1.0, 2 * self.interval_s))
 
+    @property
+    def master_url(self) -> str:
+        """The master this agent beats to now (of several on PostgreSQL: the one that leads)."""
+        masters = self.config.masters
+        return self.leader if self.leader in masters else masters[self.current % len(masters)]
+
+    def next_master(self, leader: str | None) -> bool:
+        """After a failed beat: the leader a standby named, else the next URL; whether to retry at once
+        (each URL is tried once before backing off)."""
+        masters = self.config.masters
+        self.tried += 1
+        if leader and leader in masters and leader != self.master_url:
+            self.leader = leader
+        else:
+            self.leader = ""
+            self.current += 1
+        if self.tried < 2 * len(masters):
+            return True
+        self.tried = 0
+        return False
+
     async def beat(self, session: aiohttp.ClientSession) -> None:
         body = (await asyncio.to_thread(self.report)).to_json()
-        url = f"{self.config.master}/api/v1/agents/heartbeat"
+        url = f"{self.master_url}/api/v1/agents/heartbeat"
         headers = {"Authorization": f"Bearer {self.config.token}"}
         async with session.post(url, json=body, headers=headers) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
                 error = data.get("error", {}) if isinstance(data, dict) else {}
-                raise RefusedError(resp.status, str(error.get("message", data)))
+                leader = data.get("leader") if isinstance(data, dict) else None
+                raise RefusedError(resp.status, str(error.get("message", data)), leader)
         await self.apply(parse_heartbeat_reply(data))
         self.beats += 1
+        self.tried = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         sink = await self._start_sink()
@@ -252,11 +278,17 @@ class Agent:
                     backoff = 1.0
                     delay = self.interval_s
                 except RefusedError as exc:
+                    if exc.status == 503 and len(self.config.masters) > 1 and self.next_master(exc.leader):
+                        log.info("master_is_standby", message=exc.message, next=self.master_url)
+                        continue
                     log.error(
                         "heartbeat_refused", status=exc.status, message=exc.message, node=self.config.node
                     )
                     delay = backoff = min(backoff * 2, self.max_backoff_s)
                 except (aiohttp.ClientError, asyncio.TimeoutError, OSError, WireError, ValueError) as exc:
+                    if len(self.config.masters) > 1 and self.next_master(None):
+                        log.info("master_unreachable", error=repr(exc), next=self.master_url)
+                        continue
                     log.warning("heartbeat_failed", error=repr(exc), node=self.config.node, retry_s=backoff)
                     delay = backoff
                     backoff = min(backoff * 2, self.max_backoff_s)
@@ -265,9 +297,10 @@ class Agent:
 
 
 class RefusedError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, leader: object = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
+        self.leader = leader if isinstance(leader, str) else None
         self.message = message
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -31,6 +32,7 @@ DEFAULT_CLIENT_CONFIG = Path("~/.config/hopsmgr/client.toml")
 URL_ENV = "HOPSMGR_URL"
 TOKEN_ENV = "HOPSMGR_TOKEN"
 CLIENT_KEYS = ("url", "token", "token_file")
+FAILOVER_WAIT_S = 45.0  # how long a request waits for a new leader once a standby answered
 NO_TOKEN = "no API token: pass --token, set HOPSMGR_TOKEN or write token in client.toml"
 
 Params = Mapping[str, "str | int | float | Sequence[str] | None"]
@@ -63,10 +65,17 @@ class ClientConfigError(ValueError):
 
 
 class ApiClient:
-    """Talks JSON to one master with one bearer token."""
+    """Talks JSON to the master with one bearer token. `url` may name several masters ("url1,url2", a
+    PostgreSQL store with standbys): a request goes to the one that answered last; a master that cannot
+    be reached, or a standby's 503 (which names the leader), sends it to the leader or the next URL. Each
+    URL is tried twice (a second apart) before the client gives up; once a standby answered, a failover
+    is under way and the client keeps trying for up to FAILOVER_WAIT_S. A request is sent again only
+    when no answer came: a submission whose master died after storing it and before answering may be
+    stored twice (two job ids; rare)."""
 
     def __init__(self, url: str, token: str | None, timeout: float = 30) -> None:
-        self.url = url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        self.url = self.urls[0]
         self.token = token
         self.timeout = timeout
 
@@ -77,6 +86,36 @@ class ApiClient:
         return self._request("POST", path, None, {} if body is None else dict(body))
 
     def _request(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:
+        failover_until: float | None = None  # set once a standby answered: a failover is under way
+        unreachable = 0
+        while True:
+            try:
+                return self._request_one(method, path, params, body)
+            except StandbyError as exc:
+                now = time.monotonic()
+                failover_until = failover_until or now + FAILOVER_WAIT_S
+                if now > failover_until:
+                    raise
+                if exc.leader and exc.leader != self.url:
+                    self.url = exc.leader
+                    continue
+                unreachable += 1
+                self._next(unreachable)
+            except MasterUnreachable:
+                unreachable += 1
+                if failover_until is None and unreachable >= 2 * len(self.urls):
+                    raise
+                if failover_until is not None and time.monotonic() > failover_until:
+                    raise
+                self._next(unreachable)
+
+    def _next(self, n: int) -> None:
+        index = self.urls.index(self.url) if self.url in self.urls else -1
+        self.url = self.urls[(index + 1) % len(self.urls)]
+        if n % len(self.urls) == 0:
+            time.sleep(1.0)  # every URL tried once: wait for a failover to finish, then once more
+
+    def _request_one(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:
         url = self.url + path
         query = _query(params)
         if query:
@@ -139,12 +178,22 @@ def _query(params: Params | None) -> str:
     return urllib.parse.urlencode(pairs)
 
 
+class StandbyError(ApiError):
+    """A standby master's answer: the leader is elsewhere (`leader`, its URL, or "" while unknown)."""
+
+    def __init__(self, message: str, leader: str) -> None:
+        super().__init__(503, None, message)
+        self.leader = leader
+
+
 def _error_from(status: int, reason: str, raw: bytes) -> ApiError:
     try:
         doc = json.loads(raw)
         error = doc["error"]
         field = error.get("field")
         message = str(error["message"])
+        if status == 503 and "leader" in doc:
+            return StandbyError(message, str(doc["leader"] or ""))
         return ApiError(int(error.get("status", status)), None if field is None else str(field), message)
     except (ValueError, KeyError, TypeError, AttributeError):
         text = raw.decode("utf-8", "replace").strip()
@@ -183,9 +232,13 @@ def load_client_config(path: Path) -> dict[str, str]:
 
 
 def _check_url(url: str, source: str) -> str:
-    parsed = urllib.parse.urlsplit(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ClientConfigError(f"{source}: expected an http:// or https:// URL, got {url!r}")
+    """One URL, or several separated by commas (masters sharing a PostgreSQL store)."""
+    for part in url.split(","):
+        parsed = urllib.parse.urlsplit(part.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ClientConfigError(
+                f"{source}: expected an http:// or https:// URL (or several, comma-separated), got {url!r}"
+            )
     return url
 
 

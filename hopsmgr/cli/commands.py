@@ -327,6 +327,20 @@ def cmd_cluster(args: argparse.Namespace, client: ApiClient) -> int:
     return _emit(args, client.get(f"{API}/cluster"), render.cluster_text)
 
 
+def cmd_status(args: argparse.Namespace, client: ApiClient) -> int:
+    """Every configured master's /healthz: its role, and who leads since when with which epoch."""
+    masters = []
+    for url in client.urls:
+        one = ApiClient(url, None, timeout=min(client.timeout, 5.0))
+        try:
+            masters.append({"url": url, **one.get("/healthz")})
+        except ApiError as exc:
+            masters.append({"url": url, "status": "unreachable", "error": exc.message})
+    doc = {"masters": masters}
+    _emit(args, doc, render.status_text)
+    return 0 if any(m.get("role") == "leader" for m in masters) else 1
+
+
 def cmd_token_create(args: argparse.Namespace, client: ApiClient) -> int:
     body = {"user": args.user, "tenant": args.tenant, "admin": args.admin}
     return _emit(args, client.post(f"{API}/tokens", body), lambda d: str(d.get("token")))
@@ -491,6 +505,7 @@ def register(subparsers: Any) -> None:
     quota = _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps, use and fair share", common)
     quota.add_argument("--history", action="store_true", help="also each tenant's decayed use over time")
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
+    _add(subparsers, "status", cmd_status, "which master leads, since when, with which epoch", common)
 
     token = subparsers.add_parser("token", help="API tokens (admin)")
     token_sub = token.add_subparsers(dest="token_command", required=True)

@@ -7,6 +7,7 @@ a trailing newline. Missing or null values print as "-"; unknown extra keys are 
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -359,3 +360,22 @@ def cluster_text(doc: Mapping[str, Any]) -> str:
     known = {*CLUSTER_KEYS, "raqlr", "epoch", "last_round"}
     pairs.extend((k, value_text(v)) for k, v in doc.items() if k not in known)
     return key_values(pairs)
+
+
+def status_text(doc: dict[str, Any]) -> str:
+    """`hopsmgr status`: one line per master, then who leads."""
+    lines = []
+    leader = None
+    for m in doc.get("masters") or []:
+        if m.get("status") != "ok":
+            lines.append(f"{m.get('url')}  unreachable: {m.get('error', '')}")
+            continue
+        lines.append(f"{m.get('url')}  {m.get('role')}  epoch {m.get('epoch')}")
+        if m.get("leader"):
+            leader = leader if leader and leader.get("first_plan") else m["leader"]
+    if leader:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(leader["since"])))
+        lines.append(f"leader: {leader['url']} since {since} (epoch {leader['epoch']})")
+    else:
+        lines.append("leader: none known")
+    return "\n".join(lines)

@@ -152,7 +152,9 @@ def _int_param(request: web.Request, name: str, default: int, high: int) -> int:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "epoch": request.app[CTL].epoch})
+    ctl, loop = request.app[CTL], request.app[LOOP]
+    leader = {**ctl.leader, "first_plan": loop.first_plan_at} if ctl.leader else None
+    return web.json_response({"status": "ok", "epoch": ctl.epoch, "role": "leader", "leader": leader})
 
 
 async def submit(request: web.Request) -> web.Response:

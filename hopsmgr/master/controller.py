@@ -150,6 +150,7 @@ class Controller:
         self.usage_history: deque[tuple[float, dict[str, float]]] = deque(maxlen=USAGE_SAMPLES)
         self.written: dict[str, float] = {}  # done samples last written per live job
         self.on_command: Callable[[Command], None] | None = None  # node commands go to the executors
+        self.leader: dict[str, Any] = {}  # who leads (this master): url, since, epoch (for /healthz)
 
     @property
     def estimator(self) -> Estimator:

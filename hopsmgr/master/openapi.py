@@ -182,7 +182,20 @@ CLUSTER = answer(
     },
 )
 TOKEN = answer("Token", {"token": TEXT, "user": ID, "tenant": ID, "admin": Bool()})
-HEALTH = answer("Health", {"status": Str(enum=("ok",)), "epoch": COUNT})
+LEADER = answer(
+    "Leader",
+    {"url": Str(max_len=2048), "since": Num(), "epoch": COUNT, "first_plan": Nullable(Num())},
+)
+# a standby answers too (role "standby", the leader it knows of, or null); its epoch is the leader's
+HEALTH = answer(
+    "Health",
+    {
+        "status": Str(enum=("ok",)),
+        "epoch": COUNT,
+        "role": Str(enum=("leader", "standby")),
+        "leader": Nullable(LEADER),
+    },
+)
 
 
 def _errors(*codes: int) -> dict[str, Any]:

@@ -53,10 +53,27 @@ class RoundLoop:
         self.rounds = 0
         self.last: dict[str, Any] = {}
         self.estimator_saved = -ESTIMATOR_SAVE_S
+        # a new leader (PostgreSQL) plans only after (min_s, max_s): at least min_s, then as soon as every
+        # node beat since the takeover, at the latest max_s
+        self.settle_s: tuple[float, float] = (0.0, 0.0)
+        self.first_plan_at: float | None = None  # wall-clock time of this master's first plan
+
+    async def settle(self) -> None:
+        low, high = self.settle_s
+        start = time.monotonic()
+        while True:
+            waited = time.monotonic() - start
+            if waited >= high or (waited >= low and all(n.seen for n in self.ctl.nodes.values())):
+                break
+            await asyncio.sleep(0.05)
+        if high:
+            seen = sum(1 for n in self.ctl.nodes.values() if n.seen)
+            log.info("leader_settled", waited_s=round(time.monotonic() - start, 2), nodes_seen=seen)
 
     async def run(self) -> None:
         """First plans every round_seconds; fragment plans when the machine asks for one in between."""
         interval = self.ctl.config.scheduler.round_seconds
+        await self.settle()
         next_first = time.monotonic()
         while True:
             now = time.monotonic()
@@ -109,6 +126,8 @@ class RoundLoop:
                 ctl.plans["fragment"] = plan
             commands = ctl.handle(ready)
             launches, stops = self._act(commands)
+            if self.first_plan_at is None:
+                self.first_plan_at = ctl.clock()
             queued = [
                 j for j in plan.order if j in ctl.state.jobs and ctl.state.jobs[j].state == JobState.QUEUED
             ]

@@ -3,7 +3,8 @@
 `hopsmgr master --config FILE` calls `main`. The master binds 127.0.0.1 unless the config gives TLS
 (cert and key) or says `insecure = true` (then it logs a warning on every start). On its first start it
 creates an admin token (<state_dir>/admin.token, mode 0600) and the cluster token agents use. It writes
-<state_dir>/master.json (url, pid, epoch) once it listens, so local tools and tests find it.
+<state_dir>/master.json (url, pid, epoch, role) once it listens, so local tools and tests find it. With
+`[master] store = "postgresql://..."` several masters share the state and one leads (see MasterProcess).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,9 +29,11 @@ from hopsmgr.master import commands
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
+from hopsmgr.master.leader import LeaderInfo, Lease, write_leader
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
-from hopsmgr.master.store import Store
+from hopsmgr.master.standby import make_standby_app
+from hopsmgr.master.store import Store, StoreError, open_store
 from hopsmgr.master.tokens import new_token
 
 log = structlog.get_logger("hopsmgr.master")
@@ -93,8 +97,16 @@ def make_executor(config: ClusterConfig, state_dir: Path) -> Executor:
     raise StartError(f"master.executor = {config.master.executor!r} is not available (use 'local' or 'ssh')")
 
 
+STEPPED_DOWN = 75  # exit status of a leader that lost its lease (systemd restarts it as a standby)
+
+
 class MasterProcess:
-    """One running master: build with `start`, stop with `stop` (used by main and by tests in-process)."""
+    """One running master: build with `start`, stop with `stop` (used by main and by tests in-process).
+
+    On SQLite it leads at once. On PostgreSQL it starts as a standby (hopsmgr.master.standby answers
+    /healthz and sends API callers to the leader), takes the lease when it is free (hopsmgr.master.leader),
+    then leads on the same port: loads state with a new epoch, fences the store with it, waits for the
+    nodes' heartbeats (at least `lease_s`) and only then plans. A leader that loses the lease exits."""
 
     def __init__(
         self,
@@ -114,21 +126,100 @@ class MasterProcess:
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.executor = executor
+        self.lease: Lease | None = None
+        self.store: Store | None = None
+        self.role = "starting"
+        self.on_step_down: Callable[[str], None] = self._exit_stepped_down
+        self._tls: ssl.SSLContext | None = None
+        self._cluster_token = ""
 
     async def start(self) -> str:
         # The planner thread is mostly Python: hand the interpreter lock back to the event loop every
         # millisecond (default 5 ms) so heartbeats and API calls wait less while a plan is computed.
         sys.setswitchinterval(0.001)
-        tls = check_listen(self.config)
+        self._tls = check_listen(self.config)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(self.state_dir / "state.db")
         m = self.config.master
-        cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
+        try:
+            self.store = open_store(m.store or self.state_dir / "state.db")
+        except StoreError as exc:
+            raise StartError(str(exc)) from exc
+        self._cluster_token = read_or_create_secret(
+            Path(m.cluster_token_file or self.state_dir / "cluster.token")
+        )
+        if not m.postgres:
+            await self._lead()
+            return self.url
+        self.lease = Lease(m.store, m.lease_s, m.lease_check_s)
+        self.role = "standby"
+        await self._serve(make_standby_app(self))
+        self._write_info()
+        log.info("master_standby", url=self.url, store=self.store.describe())
+        self.tasks.append(asyncio.create_task(self._standby()))
+        return self.url
+
+    async def _standby(self) -> None:
+        assert self.lease is not None
+        await self.lease.acquire()
+        self.lease.watch(self._lost)  # from now on: the lease is confirmed, or this master stops
+        try:
+            assert self.runner is not None
+            await self.runner.cleanup()  # the leader's API takes the same port
+            self.runner = None
+            await self._lead()
+        except Exception as exc:  # a leader that cannot lead must not keep the lease
+            log.exception("leader_takeover_failed", error=repr(exc))
+            self._lost(f"the takeover failed: {exc!r}")
+
+    def _lost(self, reason: str) -> None:
+        """The lease is not certain any more (called from the lease's watchdog thread): stop at once."""
+        log.critical("leader_step_down", reason=reason, epoch=self.ctl.epoch if self.ctl else 0)
+        self.role = "stepped_down"
+        self.on_step_down(reason)
+
+    def _exit_stepped_down(self, reason: str) -> None:
+        # Nothing more is written or sent: the new leader loads the state and adopts what runs.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(STEPPED_DOWN)
+
+    async def _serve(self, app: web.Application) -> None:
+        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self.runner.setup()
+        host, _, port = self.listen.rpartition(":")
+        if self.url:  # the port bound before (the standby's)
+            port = self.url.rpartition(":")[2]
+        site = web.TCPSite(
+            self.runner, host.strip("[]"), int(port), ssl_context=self._tls, reuse_address=True
+        )
+        await site.start()
+        bound = int(port)
+        for address in self.runner.addresses:  # the port actually bound (the config may say 0)
+            bound = int(address[1])
+        self.url = f"{'https' if self._tls else 'http'}://{host}:{bound}"
+
+    def _write_info(self) -> None:
+        info = {
+            "url": self.url,
+            "pid": os.getpid(),
+            "epoch": self.ctl.epoch if self.ctl else 0,
+            "role": self.role,
+        }
+        (self.state_dir / "master.json").write_text(json.dumps(info))
+
+    def advertised(self) -> str:
+        return self.config.master.advertise_url or self.url
+
+    async def _lead(self) -> None:
+        store = self.store
+        assert store is not None
+        m = self.config.master
         ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
         commands.attach(ctl)
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
+        store.fence(ctl.epoch)
         if store.count_tokens(admin=True) == 0:
             token = new_token()
             store.add_token(token, "admin", self.config.tenants[0].name, True, ctl.clock())
@@ -136,28 +227,26 @@ class MasterProcess:
             log.info("admin_token_created", path=str(self.state_dir / "admin.token"))
         loop = RoundLoop(ctl)
         self.ctl = ctl
-        app = make_app(ctl, loop, cluster_token)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        host, _, port = self.listen.rpartition(":")
-        site = web.TCPSite(self.runner, host.strip("[]"), int(port), ssl_context=tls, reuse_address=True)
-        await site.start()
-        bound = int(port)
-        for address in self.runner.addresses:  # the port actually bound (the config may say 0)
-            bound = int(address[1])
-        self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
+        if self.lease is not None:
+            # the deposed leader has stopped (lease_s), and the nodes reported what runs, before any plan
+            loop.settle_s = (m.lease_s, m.lease_s + m.suspect_after_s)
+        self.role = "leader"
+        app = make_app(ctl, loop, self._cluster_token)
+        await self._serve(app)
+        ctl.leader = {"url": self.advertised(), "since": ctl.started, "epoch": ctl.epoch}
+        if self.lease is not None:
+            write_leader(store, LeaderInfo(self.advertised(), ctl.started, ctl.epoch))
         self.loop = loop
-        self.tasks = [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
-        info = {"url": self.url, "pid": os.getpid(), "epoch": ctl.epoch}
-        (self.state_dir / "master.json").write_text(json.dumps(info))
+        self.tasks += [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
+        self._write_info()
         log.info(
             "master_listening",
             url=self.url,
             epoch=ctl.epoch,
             executor=ctl.executor.name,
             nodes=len(self.config.servers),
+            store=store.backend,
         )
-        return self.url
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -177,8 +266,10 @@ class MasterProcess:
             await self.ctl.executor.close()
         if self.runner is not None:
             await self.runner.cleanup()
-        if self.ctl is not None:
-            self.ctl.store.close()
+        if self.store is not None:
+            self.store.close()
+        if self.lease is not None:
+            self.lease.close()  # a clean stop hands the lease over at once
 
 
 async def serve(config: ClusterConfig, state_dir: Path, listen: str | None = None) -> None:

@@ -1,4 +1,6 @@
-"""The master's state file: SQLite (WAL, synchronous=FULL), one writer, schema versioned with migrations.
+"""The master's state: one interface (`Store`), on SQLite (the default: a file, WAL, synchronous=FULL) or
+on PostgreSQL (hopsmgr.master.pgstore, for several masters with a leader lease); one writer, the schema
+versioned with the same migrations on both (written in SQLite's dialect; pgstore translates them).
 
 Tables: meta (epoch, id counters), tenants, tokens (hashed), jobs, attempts, events (append-only job
 history), nodes (with calibration), throughput (the estimator's measured history), estimator (its
@@ -6,7 +8,10 @@ exported state) and rounds. The master is the only writer; every change that mus
 committed before the master acts on it (`transaction()` groups a change into one commit).
 
 Rows travel as plain dicts (`JobRow`, `AttemptRow` ... are TypedDict-free dicts keyed by column); the
-master's in-memory records (hopsmgr.master.state) convert to and from them.
+master's in-memory records (hopsmgr.master.state) convert to and from them. Queries are written once,
+with `?` and `:name` parameters; a backend overrides only the connection, transaction and schema-version
+hooks (`_begin`, `_commit`, `_rollback`, `_exec`, `_migrate`...), so a method added here works on both.
+`open_store(location)` picks the backend: a path (SQLite) or a postgresql:// URL.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _decode(row: sqlite3.Row) -> Row:
+def _decode(row: Any) -> Row:
     out: Row = {}
     for key in row.keys():  # noqa: SIM118 - sqlite3.Row has keys(), no __iter__ over names
         value = row[key]
@@ -102,8 +107,24 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def is_postgres_url(location: str) -> bool:
+    return location.startswith(("postgresql://", "postgres://"))
+
+
+def open_store(location: str | os.PathLike[str]) -> Store:
+    """The store at `location`: a postgresql:// URL (PostgreSQL, hopsmgr.master.pgstore) or a file path."""
+    if isinstance(location, str) and is_postgres_url(location):
+        from hopsmgr.master.pgstore import PgStore
+
+        return PgStore(location)
+    return Store(location)
+
+
 class Store:
     """One SQLite file; all methods run on the master's event-loop thread (the only writer)."""
+
+    backend = "sqlite"
+    _db: Any  # the backend's connection (sqlite3.Connection here, psycopg's in pgstore)
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -167,8 +188,7 @@ class Store:
             yield
         except BaseException:
             self._depth = 0
-            if self._db.in_transaction:  # SQLite may have rolled back already (disk full, I/O error)
-                self._db.execute("ROLLBACK")
+            self._rollback()
             raise
         self._depth = 0
         self._commit()
@@ -183,9 +203,15 @@ class Store:
         try:
             self._db.execute("COMMIT")
         except sqlite3.Error as exc:
-            if self._db.in_transaction:  # a failed COMMIT may leave it open, or SQLite rolled it back
-                self._db.execute("ROLLBACK")
+            self._rollback()  # a failed COMMIT may leave it open, or SQLite rolled it back
             raise StoreError(f"cannot write the state file {self.path}: {exc}") from exc
+
+    def _in_transaction(self) -> bool:
+        return self._db.in_transaction
+
+    def _rollback(self) -> None:
+        if self._in_transaction():  # SQLite may have rolled back already (disk full, I/O error)
+            self._db.execute("ROLLBACK")
 
     @contextmanager
     def grouped(self) -> Iterator[None]:
@@ -198,20 +224,20 @@ class Store:
         if not self._group_open:
             self._begin()
             self._group_open = True
-        self._db.execute("SAVEPOINT grouped")
+        self._exec("SAVEPOINT grouped")
         self._depth = 1
         try:
             yield
         except BaseException:
             self._depth = 0
-            if self._db.in_transaction:
-                self._db.execute("ROLLBACK TO grouped")
-                self._db.execute("RELEASE grouped")
-            else:  # SQLite rolled the whole group back (disk full, I/O error)
+            if self._in_transaction():
+                self._exec("ROLLBACK TO SAVEPOINT grouped")
+                self._exec("RELEASE SAVEPOINT grouped")
+            else:  # the backend rolled the whole group back (disk full, I/O error, connection lost)
                 self._group_open = False
             raise
         self._depth = 0
-        self._db.execute("RELEASE grouped")
+        self._exec("RELEASE SAVEPOINT grouped")
 
     def commit_group(self) -> None:
         """Make the open group commit durable (no-op when none is open)."""
@@ -219,7 +245,8 @@ class Store:
             self._group_open = False
             self._commit()
 
-    def _exec(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> sqlite3.Cursor:
+    def _exec(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        """Run one statement (`?` or `:name` parameters); a cursor with fetchone/fetchall."""
         try:
             return self._db.execute(sql, params)
         except sqlite3.OperationalError as exc:
@@ -246,8 +273,8 @@ class Store:
 
     def set_meta(self, key: str, value: str) -> None:
         self._exec(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = ?",
-            (key, value, value),
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (key, value),
         )
 
     def next_epoch(self, now: float | None = None) -> int:
@@ -376,7 +403,7 @@ class Store:
         marks = ", ".join(f":{k}" for k in enc)
         updates = ", ".join(f"{k} = excluded.{k}" for k in enc if k != "id")
         self._exec(
-            f"INSERT INTO nodes ({cols}) VALUES ({marks}) ON CONFLICT(id) DO UPDATE SET {updates}", enc
+            f"INSERT INTO nodes ({cols}) VALUES ({marks}) ON CONFLICT (id) DO UPDATE SET {updates}", enc
         )
 
     def nodes(self) -> list[Row]:
@@ -405,7 +432,9 @@ class Store:
         time: float,
     ) -> None:
         self._exec(
-            "INSERT OR REPLACE INTO profiles (job_id, gpu_type, profile, calibration, time) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO profiles (job_id, gpu_type, profile, calibration, time) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (job_id, gpu_type) DO UPDATE SET profile = excluded.profile, "
+            "calibration = excluded.calibration, time = excluded.time",
             (job_id, gpu_type, json.dumps(dict(profile)), json.dumps(dict(calibration)), time),
         )
 
@@ -440,6 +469,14 @@ class Store:
     def rounds(self, limit: int = 100) -> list[Row]:
         rows = self._exec("SELECT * FROM rounds ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [_decode(r) for r in rows]
+
+    def describe(self) -> str:
+        """Where the state is, for logs and status (no secrets)."""
+        return str(self.path)
+
+    def fence(self, epoch: int) -> None:
+        """Refuse transactions once a newer epoch was taken: a no-op on SQLite, whose file one master
+        holds (PostgreSQL: hopsmgr.master.pgstore)."""
 
     def integrity_ok(self) -> bool:
         return str(self._db.execute("PRAGMA integrity_check").fetchone()[0]) == "ok"

@@ -89,3 +89,18 @@ def test_toml_file_round_trip(tmp_path: Path) -> None:
     )
     c = load_agent_config(str(path))
     assert (c.devices, c.count, c.calibration_budget_s, c.peers) == ("cpu", 2, 15.0, (("cpu02", 8471),))
+
+
+def test_several_masters_as_a_list_or_comma_separated() -> None:
+    emu = {"gpu_type": "v100", "count": 1}
+    listed = parse(master=["http://head01:8470/", "https://head02:8470"], emulated=emu)
+    joined = parse(master="http://head01:8470, https://head02:8470", emulated=emu)
+    assert listed.masters == joined.masters == ("http://head01:8470", "https://head02:8470")
+    assert parse(emulated=emu).masters == ("http://127.0.0.1:8470",)
+
+
+@pytest.mark.parametrize("value", [["http://head01:8470", "ftp://head02"], "http://head01:8470,", []])
+def test_a_bad_master_list_is_refused_naming_the_key(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse(master=value, emulated={"gpu_type": "v100", "count": 1})
+    assert info.value.key == "master"

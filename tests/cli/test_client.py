@@ -6,11 +6,12 @@ import json
 from collections.abc import Callable
 
 import pytest
+from aiohttp import web
 
 from hopsmgr.cli import commands
 from hopsmgr.cli.client import ApiClient, ApiError, MasterUnreachable
 
-from .conftest import GOOD_TOKEN, FakeMaster, Result
+from .conftest import GOOD_TOKEN, FakeMaster, Result, Seen
 
 
 def auth(url: str) -> list[str]:
@@ -188,3 +189,44 @@ def test_read_and_node_commands(
     seen = master.requests[0]
     assert (seen.method, seen.headers.get("Authorization")) == (method, f"Bearer {GOOD_TOKEN}")
     assert seen.path == path.replace("%2F", "/")
+
+
+class FakeStandby(FakeMaster):
+    """A standby master: every API call answers 503 naming `leader` (as hopsmgr.master.standby does)."""
+
+    leader: str = ""
+
+    async def refuse(self, request: web.Request) -> web.Response:
+        self.requests.append(Seen(request.method, request.path, [], dict(request.headers), None))
+        body = {"error": {"status": 503, "field": None, "message": "standby"}, "leader": self.leader}
+        return web.json_response(body, status=503)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.refuse)
+        return app
+
+
+def test_several_urls_a_standby_sends_the_request_to_the_leader(master: FakeMaster) -> None:
+    standby = FakeStandby()
+    standby.leader = master.url
+    standby.start()
+    try:
+        client = ApiClient(f"{standby.url},{master.url}", GOOD_TOKEN)
+        doc = client.post("/api/v1/tokens", {"user": "ana", "tenant": "v", "admin": False})
+        assert doc["token"] == "new-secret" and client.url == master.url
+        assert [r.path for r in standby.requests] == ["/api/v1/tokens"]
+        assert master.requests[0].body == {"user": "ana", "tenant": "v", "admin": False}
+    finally:
+        standby.stop()
+
+
+def test_several_urls_an_unreachable_master_is_skipped(master: FakeMaster, refused_url: str) -> None:
+    client = ApiClient(f"{refused_url},{master.url}", GOOD_TOKEN)
+    assert [j["id"] for j in client.get("/api/v1/jobs")["jobs"]] == ["j-000001", "j-000002"]
+    assert client.url == master.url
+
+
+def test_several_urls_none_answers_is_a_clear_error(refused_url: str) -> None:
+    with pytest.raises(MasterUnreachable, match="cannot reach the master at"):
+        ApiClient(f"{refused_url},{refused_url}", GOOD_TOKEN).get("/api/v1/jobs")

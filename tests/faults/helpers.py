@@ -160,7 +160,8 @@ class TcpProxy:
     """Forwards 127.0.0.1:`port` to 127.0.0.1:`target_port`, one pair of threads per connection.
 
     `stop()` closes the listening socket and every open connection (a partition: the agent's requests
-    are refused); `start()` listens on the same port again (healed).
+    are refused); `start()` listens on the same port again (healed). `freeze()` is a silent partition:
+    connections stay open and their bytes are dropped, so neither end sees an error (until `stop()`).
     """
 
     def __init__(self, target_port: int) -> None:
@@ -169,6 +170,10 @@ class TcpProxy:
         self._listener: socket.socket | None = None
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.frozen = threading.Event()
+
+    def freeze(self) -> None:
+        self.frozen.set()
 
     @property
     def url(self) -> str:
@@ -218,11 +223,11 @@ class TcpProxy:
             threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
             threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self.frozen.is_set():
+                    dst.sendall(data)
         except OSError:
             pass
         finally:

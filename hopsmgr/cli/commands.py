@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.cli import render
+from hopsmgr.cli import render, users
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ModelError, RequirementSet
@@ -196,7 +196,7 @@ def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
 
 def cmd_queue(args: argparse.Namespace, client: ApiClient) -> int:
     states: list[str] | None = None if args.all else (args.state or list(render.ACTIVE_STATES))
-    doc = client.get(f"{API}/jobs", {"tenant": args.tenant, "state": states})
+    doc = client.get(f"{API}/jobs", {"tenant": args.tenant, "user": args.user, "state": states})
     return _emit(args, doc, lambda d: render.queue_table(d.get("jobs") or []))
 
 
@@ -323,7 +323,9 @@ def cmd_cluster(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace, client: ApiClient) -> int:
-    body = {"user": args.user, "tenant": args.tenant, "admin": args.admin}
+    body = {"user": args.user, "admin": args.admin}
+    if args.tenant is not None:
+        body["tenant"] = args.tenant
     return _emit(args, client.post(f"{API}/tokens", body), lambda d: str(d.get("token")))
 
 
@@ -439,6 +441,7 @@ def register(subparsers: Any) -> None:
 
     queue = _add(subparsers, "queue", cmd_queue, "list jobs in queue order", common)
     queue.add_argument("--tenant", help="only this tenant's jobs")
+    queue.add_argument("--user", help="only this user's jobs")
     which = queue.add_mutually_exclusive_group()
     which.add_argument(
         "--state",
@@ -486,9 +489,10 @@ def register(subparsers: Any) -> None:
     _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps and use", common)
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
 
-    token = subparsers.add_parser("token", help="API tokens (admin)")
+    token = subparsers.add_parser("token", help="API tokens: create (admin), list, revoke")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = _add(token_sub, "create", cmd_token_create, "create a token; prints it (shown once)", common)
-    create.add_argument("--user", required=True)
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--admin", action="store_true", help="an admin token")
+    create.add_argument("--user", required=True, help="the user the token speaks for")
+    create.add_argument("--tenant", help="the user's tenant (needed only to add a new user)")
+    create.add_argument("--admin", action="store_true", help="an admin token (the user's role is admin)")
+    users.register(subparsers, token_sub, lambda sub, name, func, text: _add(sub, name, func, text, common))

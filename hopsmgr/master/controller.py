@@ -67,10 +67,22 @@ __all__ = ["Controller", "Principal", "RequestError", "Submission"]
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """Who makes a request: a user of a tenant; an admin (everything), a tenant admin (the tenant's
+    jobs), or the agents (the cluster token, heartbeats only)."""
+
     user: str
     tenant: str
     admin: bool = False
     agent: bool = False
+    tenant_admin: bool = False
+
+    def acts_for(self, row: Row) -> bool:
+        """Whether this principal may see a job in full (command, env, logs) and cancel it."""
+        if self.admin:
+            return True
+        if row["tenant"] != self.tenant:
+            return False
+        return self.tenant_admin or row["user"] == self.user
 
 
 class StateView:
@@ -457,10 +469,18 @@ class Controller:
             if not future.done():
                 future.set_result(None)
 
-    def visible(self, who: Principal, job_id: str) -> Row:
+    def visible(self, who: Principal, job_id: str, *, full: bool = True) -> Row:
+        """The job's row if `who` may see it (in `full`: its command, env, logs, and cancel it)."""
         row = self.store.job(job_id)
         if row is None or (not who.admin and row["tenant"] != who.tenant):
             raise RequestError(404, "id", f"no job {job_id!r}")
+        if full and not who.acts_for(row):
+            raise RequestError(
+                403,
+                "id",
+                f"job {job_id} is {row['user']}'s: user {who.user!r} sees only its queue position "
+                "(hopsmgr queue); its owner or a tenant admin can show, cancel or read it",
+            )
         return row
 
     def cancel(self, who: Principal, job_id: str) -> None:

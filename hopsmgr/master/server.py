@@ -23,7 +23,7 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
-from hopsmgr.master import commands
+from hopsmgr.master import commands, identity
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
@@ -129,8 +129,12 @@ class MasterProcess:
         checkpoints = Path(m.checkpoint_root or self.state_dir / "checkpoints")
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
+        identity.seed_users(store, self.config, ctl.clock())
         if store.count_tokens(admin=True) == 0:
             token = new_token()
+            admin = store.user("admin")
+            if admin is None or admin["role"] != "admin":
+                store.put_user("admin", self.config.tenants[0].name, "", "admin", ctl.clock())
             store.add_token(token, "admin", self.config.tenants[0].name, True, ctl.clock())
             write_secret(self.state_dir / "admin.token", token)
             log.info("admin_token_created", path=str(self.state_dir / "admin.token"))

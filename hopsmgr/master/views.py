@@ -37,7 +37,11 @@ def wait_context(ctl: Controller) -> PriorityContext:
     return ctl.wait_ctx[1]
 
 
-def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None) -> dict[str, Any]:
+def job_summary(
+    ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None, *, redact: bool = False
+) -> dict[str, Any]:
+    """A job's line in the queue; `redact`: another user's job, its name and failure reason left out
+    (its position, size and state stay: they are the queue everyone shares)."""
     job = ctl.state.jobs.get(row["id"])
     plan = _plan(ctl)
     placement = None
@@ -59,7 +63,7 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
     total_samples = row["spec"]["total_samples"]
     return {
         "id": row["id"],
-        "name": row["name"],
+        "name": "" if redact else row["name"],
         "tenant": row["tenant"],
         "user": row["user"],
         "state": row["state"] if job is None else job.state.value,
@@ -72,7 +76,7 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
         "est_wait_s": est_wait,
         "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
         "restarts": job.restarts if job else row["restarts"],
-        "reason": job.reason if job else row["reason"],
+        "reason": None if redact else (job.reason if job else row["reason"]),
     }
 
 

@@ -134,7 +134,10 @@ def test_bad_submit_exits_2_naming_flag_and_sends_nothing(
         (["queue", "--state", "RUNNING", "--all"], ["--all", "--state"]),
         (["logs", "j-1", "--tail", "0"], ["--tail", "'0'"]),
         (["logs"], ["job"]),
-        (["token", "create", "--user", "ana"], ["--tenant"]),
+        (["token", "create", "--tenant", "vision"], ["--user"]),  # --tenant only for a new user
+        (["user", "add", "ana"], ["--tenant"]),
+        (["user", "set", "ana", "--role", "boss"], ["--role", "'boss'"]),
+        (["token", "revoke"], ["id"]),
         (["drain"], ["node"]),
     ],
 )

@@ -254,6 +254,8 @@ class Submission:
     workdir: str = ""
     env: dict[str, str] = field(default_factory=dict)
     launcher: str = "plain"
+    mem_mb: int | None = None
+    cpus: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
@@ -302,6 +304,8 @@ SUBMISSION = Obj(
             max_items=256,
         ),
         "launcher": Str(enum=("plain", "torchrun")),
+        "mem_mb": Int(1, 1 << 30, description="memory limit of each attempt's cgroup on a node (MiB)"),
+        "cpus": Num(positive=True, high=4096.0, description="CPU limit of each attempt's cgroup on a node"),
     },
     required=("command", "gpus", "batch_size"),
     one_of=("iterations", "samples"),

@@ -96,6 +96,20 @@ def _positive_number(text: str) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
+_MEM_UNITS = {"M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_mem(text: str) -> int:
+    """A memory size as MiB: 512M, 8G, 1T (a bare number is MiB)."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([MGT]?)i?B?", text.strip(), re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a size like 512M, 8G or 1T, got {text!r}")
+    mib = float(match.group(1)) * _MEM_UNITS[match.group(2).upper() or "M"]
+    if not 1 <= mib <= 1 << 30:
+        raise argparse.ArgumentTypeError(f"must be between 1M and 1024T, got {text!r}")
+    return int(mib)
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep:
@@ -176,6 +190,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             ("params", args.params),
             ("workdir", args.workdir),
             ("launcher", args.launcher),
+            ("mem_mb", args.mem),
+            ("cpus", args.cpus),
             ("env", dict(args.env) if args.env else None),
         )
         if value is not None
@@ -437,6 +453,12 @@ def register(subparsers: Any) -> None:
         help="environment variable (repeatable)",
     )
     submit.add_argument("--launcher", choices=["plain", "torchrun"], help="default plain")
+    submit.add_argument(
+        "--mem", type=parse_mem, metavar="SIZE", help="memory limit of each attempt on a node: 512M, 8G, 1T"
+    )
+    submit.add_argument(
+        "--cpus", type=_positive_number, metavar="N", help="CPU limit of each attempt on a node (e.g. 4, 0.5)"
+    )
     submit.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
 
     queue = _add(subparsers, "queue", cmd_queue, "list jobs in queue order", common)

@@ -162,7 +162,16 @@ async def submit(request: web.Request) -> web.Response:
     who = principal(request)
     sub = parse_submission(await body(request))
     ctl = request.app[CTL]
-    row = await ctl.submit(who, sub)
+    run_as = identity.run_as(ctl.store, ctl.config, who)
+    if not run_as and (sub.mem_mb is not None or sub.cpus is not None):
+        field = "mem_mb" if sub.mem_mb is not None else "cpus"
+        raise RequestError(
+            422,
+            field,
+            "memory and CPU limits are enforced only where jobs run as their users "
+            "([master] run_as_users = true, docs/security.md)",
+        )
+    row = await ctl.submit(who, sub, run_as)
     return web.json_response(views.job_summary(ctl, row), status=201)
 
 

@@ -389,8 +389,9 @@ class Controller:
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    async def submit(self, who: Principal, sub: Submission) -> dict[str, Any]:
-        """Validate, hand to the machine and store (grouped with others); the job's row once committed."""
+    async def submit(self, who: Principal, sub: Submission, run_as: str = "") -> dict[str, Any]:
+        """Validate, hand to the machine and store (grouped with others); the job's row once committed.
+        `run_as`: the Unix account its attempts run as (checked by hopsmgr.master.identity)."""
         tenant = sub.tenant or who.tenant
         if not who.admin and tenant != who.tenant:
             raise RequestError(
@@ -428,7 +429,17 @@ class Controller:
         seq = self.job_seq
         job_id = f"j-{seq:06d}"
         spec = replace(spec, id=job_id)
-        payload = JobPayload(seq, sub.name, tuple(sub.command), dict(sub.env), sub.workdir, sub.launcher)
+        payload = JobPayload(
+            seq,
+            sub.name,
+            tuple(sub.command),
+            dict(sub.env),
+            sub.workdir,
+            sub.launcher,
+            run_as,
+            sub.mem_mb,
+            sub.cpus,
+        )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_later(0.002, self._store_submissions)

@@ -10,6 +10,7 @@ role at each request, so `user set` changes what existing tokens may do. The clu
 
 from __future__ import annotations
 
+import pwd
 from typing import Any
 
 from hopsmgr.config import ClusterConfig
@@ -39,6 +40,42 @@ def seed_users(store: Store, config: ClusterConfig, now: float) -> None:
     with store.transaction():
         for u in config.users:
             store.put_user(u.name, u.tenant, u.unix_user, u.role, now)
+
+
+def run_as(store: Store, config: ClusterConfig, who: Principal) -> str:
+    """The Unix account `who`'s jobs run as ("" unless `[master] run_as_users`); refuses (422, field
+    "user") a principal that is no stored user, not in a configured tenant, without a Unix account,
+    or whose account is root or a system account (uid below `min_uid`) on the master."""
+    m = config.master
+    if not m.run_as_users:
+        return ""
+    row = store.user(who.user)
+    where = "jobs run as their submitter's Unix account on this cluster"
+    if row is None:
+        raise RequestError(422, "user", f"{who.user!r} is not a known user ({where}: hopsmgr user add)")
+    if row["tenant"] not in {t.name for t in config.tenants}:
+        raise RequestError(422, "user", f"user {who.user!r} is not mapped to a configured tenant")
+    unix = row["unix_user"]
+    if not unix:
+        raise RequestError(
+            422,
+            "user",
+            f"user {who.user!r} has no Unix account ({where}: hopsmgr user set {who.user} --unix-user NAME)",
+        )
+    try:
+        uid = pwd.getpwnam(unix).pw_uid
+    except KeyError:
+        raise RequestError(
+            422, "user", f"user {who.user!r}: no Unix account {unix!r} on the master"
+        ) from None
+    if uid == 0 or uid < m.min_uid:
+        raise RequestError(
+            422,
+            "user",
+            f"user {who.user!r}: the Unix account {unix!r} (uid {uid}) is a system account; jobs run only "
+            f"as accounts with uid >= {m.min_uid} ([master] min_uid)",
+        )
+    return str(unix)
 
 
 def user_view(row: Row, store: Store) -> dict[str, Any]:

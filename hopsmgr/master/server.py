@@ -121,8 +121,17 @@ class MasterProcess:
         sys.setswitchinterval(0.001)
         tls = check_listen(self.config)
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(self.state_dir / "state.db")
         m = self.config.master
+        if m.run_as_users:  # jobs run as other accounts: the master's own files are out of their reach
+            os.chmod(self.state_dir, 0o700)
+            root = Path(m.checkpoint_root or self.state_dir / "checkpoints").resolve()
+            if m.checkpoint_shared and root.is_relative_to(self.state_dir.resolve()):
+                raise StartError(
+                    f"master.checkpoint_root = {str(root)!r} is inside the state directory, which jobs "
+                    "running as their users cannot reach: give a directory outside it (shared with the "
+                    "nodes), or checkpoint_shared = false"
+                )
+        store = Store(self.state_dir / "state.db")
         cluster_token = read_or_create_secret(Path(m.cluster_token_file or self.state_dir / "cluster.token"))
         ctl = Controller(self.config, store, self.executor or make_executor(self.config, self.state_dir))
         commands.attach(ctl)

@@ -91,6 +91,13 @@ MIGRATIONS: tuple[str, ...] = (
     UPDATE tokens SET id = substr(hash, 1, 16);
     CREATE INDEX tokens_user ON tokens (user);
     """,
+    # 4: what a job runs as on the nodes (its submitter's Unix account where jobs run as their users)
+    # and the limits of its cgroup (MiB of memory, CPUs); NULL: no limit
+    """
+    ALTER TABLE jobs ADD COLUMN run_as TEXT NOT NULL DEFAULT '';
+    ALTER TABLE jobs ADD COLUMN mem_mb INTEGER;
+    ALTER TABLE jobs ADD COLUMN cpus REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 _JSON_COLUMNS = {"spec", "command", "env", "placement", "calibration", "devices"}

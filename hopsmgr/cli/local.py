@@ -9,6 +9,8 @@ everything `up` started, jobs included.
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -58,6 +60,17 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if config.master.run_as_users and os.geteuid() != 0:
+        print(
+            "error: master.run_as_users = true: only root can run each job as its user (hopsmgr.node.runas); "
+            "run `hopsmgr up` as root, or leave run_as_users out (single-user: every job runs as "
+            f"{getpass.getuser()})",
+            file=sys.stderr,
+        )
+        return 2
+    if config.master.run_as_users:
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)  # the jobs' accounts pass through to their own directories
     cluster = LocalCluster(Path(args.config).resolve(), config, root)
     try:
         url = cluster.start()
@@ -65,8 +78,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         stop_recorded(root)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    mode = (
+        "jobs run as their users (run_as_users, docs/security.md)"
+        if config.master.run_as_users
+        else f"single-user: every job runs as {getpass.getuser()}"
+    )
     print(
-        f"local cluster {config.name!r} up: master {url}, {len(config.servers)} emulated-device agents, logs in {root}"
+        f"local cluster {config.name!r} up: master {url}, {len(config.servers)} emulated-device agents, "
+        f"{mode}, logs in {root}"
     )
     print(f"export HOPSMGR_URL={url} HOPSMGR_TOKEN=$(cat {cluster.state_dir / 'admin.token'})")
     return 0

@@ -306,3 +306,53 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
     else:  # this host cannot enforce them: the job fails at once, saying why
         done = cl.wait_state(job_id, "FAILED", timeout=60)
         assert "controller is not available on this node" in (done["reason"] or ""), done
+
+
+@needs_python
+def test_up_as_root_runs_each_job_as_its_user(accounts: dict[str, pwd.struct_passwd]) -> None:
+    root = Path(tempfile.mkdtemp(prefix="hopsmgr-up-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    config = root / "lab.toml"
+    config.write_text(
+        '[[servers]]\nid = "n1"\ngpu_type = "v100"\ngpus = 1\n'
+        "[master]\nrun_as_users = true\ncheckpoint_shared = false\n"
+        '[[tenants]]\nname = "lab"\n'
+        f'[[users]]\nname = "alice"\ntenant = "lab"\nunix_user = "{ACCOUNTS["alice"]}"\n'
+    )
+    run = [sys.executable, "-m", "hopsmgr.cli.main"]
+
+    def hopsmgr(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*run, *args],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **(env or {})},
+        )
+
+    up = hopsmgr("up", "--config", str(config), "--dir", "lc")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "jobs run as their users" in up.stdout
+        url = up.stdout.split("HOPSMGR_URL=")[1].split()[0]
+        admin = (root / "lc" / "state" / "admin.token").read_text().strip()
+        conn = {"HOPSMGR_URL": url, "HOPSMGR_TOKEN": admin}
+        token = hopsmgr("token", "create", "--user", "alice", env=conn).stdout.strip()
+        user = {"HOPSMGR_URL": url, "HOPSMGR_TOKEN": token}
+        job = hopsmgr(
+            "submit", "--gpus", "1", "--batch-size", "8", "--iters", "10", "--env", f"PYTHONPATH={REPO}",
+            "--", JOB_PYTHON, PROBE, "--iters", "10", "--batch-size", "8", "--step-seconds", "0.02", env=user,
+        ).stdout.strip()  # fmt: skip
+        assert job.startswith("j-"), job
+
+        def state() -> str:
+            return str(json.loads(hopsmgr("show", job, "--json", env=user).stdout)["state"])
+
+        wait_for(lambda: state() in ("COMPLETED", "FAILED"), 90, f"{job} ended")
+        assert state() == "COMPLETED", hopsmgr("show", job, env=user).stdout
+        assert probes(hopsmgr("logs", job, env=user).stdout)[0] == ACCOUNTS["alice"]
+    finally:
+        down = hopsmgr("down", "--dir", "lc")
+        shutil.rmtree(root, ignore_errors=True)
+    assert down.returncode == 0, down.stderr

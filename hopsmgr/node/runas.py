@@ -68,8 +68,10 @@ class Policy:
     workdirs: tuple[str, ...] = ()  # empty: any (only when the caller is root itself)
 
 
-def load_policy(path: Path = POLICY_FILE) -> Policy:
-    """The node's policy (root's file); the defaults when there is none."""
+def load_policy(path: Path | None = None) -> Policy:
+    """The node's policy (root's file); the defaults when there is none. The installed program may
+    name another file in HOPSMGR_RUNAS_POLICY (it sets it itself: sudo does not pass the caller's)."""
+    path = path or Path(os.environ.get("HOPSMGR_RUNAS_POLICY") or POLICY_FILE)
     try:
         st = path.lstat()
     except FileNotFoundError:

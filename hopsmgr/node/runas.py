@@ -183,22 +183,24 @@ def verify(workdir: str, attempt_id: str, *, fenced: bool = True) -> Verified:
 
 
 def _checkpoint_dir(v: Verified) -> None:
-    """Hand the job's checkpoint directory to its user, if it is the node's own for this job."""
+    """Hand the job's checkpoint directory, and what the wrapper or the master put in it (checkpoints
+    brought from another node), to its user, if it is the node's own for this job."""
     text = str((v.spec.get("env") or {}).get(nc.CHECKPOINT_DIR, ""))
     expected = v.attempt.workdir / "checkpoints" / str(v.spec.get("job"))
     if not text or Path(text) != expected or os.path.realpath(text) != str(expected):
         return  # elsewhere (a shared filesystem): its owner's business, not root's
+    caller, uid = _caller(), v.account.pw_uid
     st = expected.lstat()
-    if st.st_uid == v.account.pw_uid:
-        return
-    caller = _caller()
-    if stat.S_ISLNK(st.st_mode) or st.st_uid != caller:
+    if stat.S_ISLNK(st.st_mode) or st.st_uid not in (caller, uid):
         raise Refused(f"checkpoint directory {expected} belongs to uid {st.st_uid}, not to the wrapper")
-    os.chown(expected, v.account.pw_uid, v.wrapper_gid)
-    os.chmod(expected, 0o2770)
-    for entry in expected.iterdir():  # checkpoints brought from another node by the master
-        if not entry.is_symlink():
-            os.chown(entry, v.account.pw_uid, v.wrapper_gid)
+    if st.st_uid != uid:
+        os.chown(expected, uid, v.wrapper_gid)
+        os.chmod(expected, 0o2770)
+    for entry in expected.iterdir():
+        est = entry.lstat()
+        if est.st_uid == caller and stat.S_ISREG(est.st_mode):  # not the user's: a copy made for it
+            os.chown(entry, uid, v.wrapper_gid)
+            os.chmod(entry, 0o640)
 
 
 def start(workdir: str, attempt_id: str) -> NoReturn:

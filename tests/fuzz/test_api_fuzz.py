@@ -210,7 +210,7 @@ def dump(value: Any, ascii_only: bool = True) -> str:
 
 SUBMIT_KEYS = (
     "command", "gpus", "batch_size", "iterations", "samples", "name", "tenant", "params", "workdir", "env",
-    "launcher",
+    "launcher", "mem_mb", "cpus",
 )  # fmt: skip
 BEAT_KEYS = ("node", "gpu_type", "gpus", "device_mode", "workdir", "protocol", "running", "finished")
 KEYS_OF = {

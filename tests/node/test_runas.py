@@ -10,6 +10,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -127,3 +128,23 @@ def test_the_wrapper_refuses_before_it_makes_anything(
     with pytest.raises(BadRequest, match="need --run-as"):
         ops.launch(workdir, "a-000001", "j-000001", 1, ["true"], mem_mb=512)
     assert not (workdir / "attempts" / "a-000001").exists()
+
+
+def test_checkpoints_brought_for_the_job_become_its_users(
+    accounts: dict[str, pwd.struct_passwd], workdir: Path
+) -> None:
+    user = accounts[USER]
+    ckpt = workdir / "checkpoints" / "j-000001"
+    ckpt.mkdir(parents=True)
+    (ckpt / "ckpt-000000010.pt").write_bytes(b"weights")  # as a move from another node leaves it
+    (ckpt / "ckpt-000000010.json").write_text("{}")
+    ops.launch(
+        workdir, "a-000001", "j-000001", 1, ["/bin/sh", "-c", "cat $HOPS_CHECKPOINT_DIR/*.pt"], run_as=USER
+    )
+    deadline = time.monotonic() + 10
+    while not (workdir / "attempts" / "a-000001" / "exit.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ops.logs(workdir, "a-000001")["log"] == "weights"
+    for path in (ckpt, *ckpt.iterdir()):
+        st = path.stat()
+        assert st.st_uid == user.pw_uid and st.st_mode & 0o007 == 0, (path, oct(st.st_mode))

@@ -310,12 +310,13 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
 
 @needs_python
 def test_up_as_root_runs_each_job_as_its_user(accounts: dict[str, pwd.struct_passwd]) -> None:
+    """`hopsmgr up` as root with [[users]] naming Unix accounts (and nothing else said): each job runs
+    as its user, on the local executor."""
     root = Path(tempfile.mkdtemp(prefix="hopsmgr-up-", dir="/tmp"))
     os.chmod(root, 0o711)
     config = root / "lab.toml"
     config.write_text(
         '[[servers]]\nid = "n1"\ngpu_type = "v100"\ngpus = 1\n'
-        "[master]\nrun_as_users = true\ncheckpoint_shared = false\n"
         '[[tenants]]\nname = "lab"\n'
         f'[[users]]\nname = "alice"\ntenant = "lab"\nunix_user = "{ACCOUNTS["alice"]}"\n'
     )

@@ -57,3 +57,12 @@ def test_duplicate_user() -> None:
         ConfigError, match=r"users\[1\]\.name: duplicate user name \(first defined at users\[0\]\.name\)"
     ):
         config({"name": "ana", "tenant": "vision"}, {"name": "ana", "tenant": "nlp"})
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2**31])
+def test_min_uid_is_checked(value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_cluster_config({**BASE, "master": {"run_as_users": True, "min_uid": value}}, "lab.toml")
+    assert info.value.key == "master.min_uid", str(info.value)
+    cfg = parse_cluster_config({**BASE, "master": {"run_as_users": True, "min_uid": 2000}})
+    assert (cfg.master.run_as_users, cfg.master.min_uid) == (True, 2000)

@@ -43,6 +43,12 @@ Schema (every table except the servers is optional)::
     cap_gpus = 32             # optional, >= guaranteed_gpus
     weight = 1.0              # > 0, default 1.0
 
+    [[users]]                 # optional: users seeded into the master's store at every start
+    name = "ana"              # unique, [A-Za-z0-9_.-]+
+    tenant = "vision"         # one of the tenants
+    unix_user = "ana"         # optional: the Unix account ana's jobs run as (default: none)
+    role = "user"             # user | tenant-admin | admin (default user)
+
 Servers from `[[servers]]` come first, then those of each `[[server_groups]]` entry in file order; a
 server's default `order` is its 1-based position in that list. Calibration hints get source "hint".
 """
@@ -67,6 +73,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 from hopsmgr.core.model import Calibration, ModelError, Server, TenantQuota
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master_settings import MasterSettings
+from hopsmgr.protocol import ROLES, UNIX_USER_PATTERN
 
 __all__ = [
     "ClusterConfig",
@@ -87,7 +94,7 @@ _DEFAULT_RESOURCE = ("data", "default-cluster.toml")
 _ID_RE = re.compile(r"[A-Za-z0-9_.-]+")
 _GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 _CALIBRATION_KEYS = ("compute_factor", "memory_factor", "data_factor", "link_gbps", "net_gbps")
-_TOP_KEYS = ("cluster", "servers", "server_groups", "scheduler", "tenants", "master")
+_TOP_KEYS = ("cluster", "servers", "server_groups", "scheduler", "tenants", "users", "master")
 _SERVER_KEYS = (
     "id",
     "gpu_type",
@@ -102,6 +109,8 @@ _SERVER_KEYS = (
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _GROUP_KEYS = ("prefix", "count", "gpu_type", "gpus", "host_model", "order", "calibration")
 _TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight")
+_USER_KEYS = ("name", "tenant", "unix_user", "role")
+_UNIX_USER_RE = re.compile(UNIX_USER_PATTERN)
 _MAX_REPR = 120
 
 
@@ -145,6 +154,16 @@ class NodeAccess:
 
 
 @dataclass(frozen=True, slots=True)
+class UserEntry:
+    """A user the cluster file seeds into the master's store (`[[users]]`)."""
+
+    name: str
+    tenant: str
+    unix_user: str = ""
+    role: str = "user"
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterConfig:
     """A whole cluster as configured: servers, scheduler knobs, tenant quotas, and where it came from."""
 
@@ -155,6 +174,7 @@ class ClusterConfig:
     source: str = "<inline>"
     master: MasterSettings = field(default_factory=MasterSettings)
     access: Mapping[str, NodeAccess] = field(default_factory=dict)
+    users: tuple[UserEntry, ...] = ()
 
     def node_access(self, server_id: str) -> NodeAccess:
         return self.access.get(server_id) or NodeAccess(server_id)
@@ -248,7 +268,8 @@ class _Parser:
         scheduler = self.scheduler(doc.get("scheduler", MISSING))
         tenants = self.tenants(doc.get("tenants", MISSING), sum(s.gpus for s in servers))
         master = self.settings(doc.get("master", MISSING), "master", MasterSettings)
-        return ClusterConfig(name, servers, scheduler, tenants, self.source, master, access)
+        users = self.users(doc.get("users", MISSING), tenants)
+        return ClusterConfig(name, servers, scheduler, tenants, self.source, master, access, users)
 
     def cluster_name(self, raw: object) -> str:
         default = Path(self.source).stem if not self.source.startswith("<") else "cluster"
@@ -386,6 +407,31 @@ class _Parser:
                 self.fail(key, dict(table), str(exc))
         if not result:
             return (TenantQuota(DEFAULT_TENANT),)
+        return tuple(result)
+
+    def users(self, raw: object, tenants: tuple[TenantQuota, ...]) -> tuple[UserEntry, ...]:
+        known = [t.name for t in tenants]
+        result: list[UserEntry] = []
+        seen: dict[str, str] = {}
+        for i, item in enumerate(self.array_of_tables(raw, "users")):
+            key = f"users[{i}]"
+            table = self.table(item, key, _USER_KEYS)
+            name = self.string(self.required(table, key, "name"), f"{key}.name", _ID_RE)
+            if name in seen:
+                self.fail(f"{key}.name", name, f"duplicate user name (first defined at {seen[name]})")
+            seen[name] = f"{key}.name"
+            tenant = self.string(self.required(table, key, "tenant"), f"{key}.tenant")
+            if tenant not in known:
+                self.fail(f"{key}.tenant", tenant, f"unknown tenant (known: {', '.join(known)})")
+            unix_user = self.string(table.get("unix_user", ""), f"{key}.unix_user")
+            if unix_user and not _UNIX_USER_RE.fullmatch(unix_user):
+                self.fail(f"{key}.unix_user", unix_user, "must be a Unix account name ([a-z_][a-z0-9_-]*)")
+            if unix_user == "root":
+                self.fail(f"{key}.unix_user", unix_user, "root may not run jobs")
+            role = self.string(table.get("role", "user"), f"{key}.role")
+            if role not in ROLES:
+                self.fail(f"{key}.role", role, f"must be one of {', '.join(ROLES)}")
+            result.append(UserEntry(name, tenant, unix_user, role))
         return tuple(result)
 
 

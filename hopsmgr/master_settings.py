@@ -48,6 +48,10 @@ class MasterSettings:
     ssh_max_channels: int = 8  # concurrent commands per node connection
     planner: str = "process"  # where plans are computed: a worker process of its own, or a thread
     plan_deadline_s: float = 0.0  # hard deadline of a plan from the round's start (0: time_limit_s + 5)
+    # jobs run as their submitter's Unix account (users.unix_user) on the nodes, each attempt in a
+    # cgroup of its own (docs/security.md); accounts below min_uid, root and unmapped users are refused
+    run_as_users: bool = False
+    min_uid: int = 1000
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -93,6 +97,8 @@ class MasterSettings:
             isinstance(self.plan_deadline_s, int | float) and 0 <= self.plan_deadline_s <= 3600
         ):
             raise bad("plan_deadline_s", "must be in [0, 3600] seconds (0: the solver's time limit + 5 s)")
+        if isinstance(self.min_uid, bool) or not 1 <= self.min_uid <= 2**31 - 1:
+            raise bad("min_uid", "must be an integer in [1, 2147483647] (root is always refused)")
         if not self.remote_python.strip():
             raise bad("remote_python", "must not be empty")
 

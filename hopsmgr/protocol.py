@@ -26,11 +26,13 @@ __all__ = [
     "RunningAttempt",
     "Submission",
     "TokenRequest",
+    "UserRequest",
     "WireError",
     "parse_heartbeat",
     "parse_heartbeat_reply",
     "parse_submission",
     "parse_token_request",
+    "parse_user_request",
 ]
 
 PROTOCOL_VERSION = 1
@@ -252,6 +254,8 @@ class Submission:
     workdir: str = ""
     env: dict[str, str] = field(default_factory=dict)
     launcher: str = "plain"
+    mem_mb: int | None = None
+    cpus: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
@@ -300,6 +304,8 @@ SUBMISSION = Obj(
             max_items=256,
         ),
         "launcher": Str(enum=("plain", "torchrun")),
+        "mem_mb": Int(1, 1 << 30, description="memory limit of each attempt's cgroup on a node (MiB)"),
+        "cpus": Num(positive=True, high=4096.0, description="CPU limit of each attempt's cgroup on a node"),
     },
     required=("command", "gpus", "batch_size"),
     one_of=("iterations", "samples"),
@@ -313,23 +319,63 @@ def parse_submission(value: object) -> Submission:
 
 @dataclass(frozen=True, slots=True)
 class TokenRequest:
-    """Admin -> master (POST /api/v1/tokens): a token for `user` of `tenant`."""
+    """Admin -> master (POST /api/v1/tokens): a token for `user` (created in `tenant` if new)."""
 
     user: str
-    tenant: str
+    tenant: str | None = None
     admin: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return _json(self)
+        return {k: v for k, v in _json(self).items() if v is not None}
 
 
 TOKEN_REQUEST = Obj(
     "TokenRequest",
-    {"user": ID, "tenant": ID, "admin": Bool()},
-    required=("user", "tenant"),
+    {
+        "user": ID,
+        "tenant": Str(max_len=64, pattern=ID_PATTERN, description="needed only for a user not yet known"),
+        "admin": Bool(),
+    },
+    required=("user",),
     build=TokenRequest,
 )
 
 
 def parse_token_request(value: object) -> TokenRequest:
     return TOKEN_REQUEST.check(value, "")
+
+
+ROLES = ("user", "tenant-admin", "admin")
+# a POSIX account name as useradd takes it (Debian's default NAME_REGEX, without the trailing '$')
+UNIX_USER_PATTERN = "[a-z_][a-z0-9_-]{0,31}"
+
+
+@dataclass(frozen=True, slots=True)
+class UserRequest:
+    """Admin -> master (POST /api/v1/users, POST /api/v1/users/{user}): a user's identity. `name` is
+    given when adding (not when changing); fields left out keep their value (or take the default)."""
+
+    name: str | None = None
+    tenant: str | None = None
+    unix_user: str | None = None
+    role: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in _json(self).items() if v is not None}
+
+
+USER_FIELDS = {
+    "tenant": ID,
+    "unix_user": Str(
+        max_len=32,
+        pattern=f"({UNIX_USER_PATTERN})?",
+        description="the Unix account the user's jobs run as ('' for none)",
+    ),
+    "role": Str(enum=ROLES),
+}
+NEW_USER = Obj("NewUser", {"name": ID, **USER_FIELDS}, required=("name", "tenant"), build=UserRequest)
+USER_CHANGE = Obj("UserChange", dict(USER_FIELDS), build=UserRequest)
+
+
+def parse_user_request(value: object, *, new: bool) -> UserRequest:
+    return (NEW_USER if new else USER_CHANGE).check(value, "")

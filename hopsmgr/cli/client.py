@@ -85,6 +85,9 @@ class ApiClient:
     def post(self, path: str, body: Mapping[str, Any] | None = None) -> Any:
         return self._request("POST", path, None, {} if body is None else dict(body))
 
+    def delete(self, path: str) -> Any:
+        return self._request("DELETE", path, None, None)
+
     def _request(self, method: str, path: str, params: Params | None, body: dict[str, Any] | None) -> Any:
         failover_until: float | None = None  # set once a standby answered: a failover is under way
         unreachable = 0

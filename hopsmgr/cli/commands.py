@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.cli import render
+from hopsmgr.cli import render, users
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ModelError, RequirementSet
@@ -94,6 +94,20 @@ def _positive_number(text: str) -> int | float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
+
+
+_MEM_UNITS = {"M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_mem(text: str) -> int:
+    """A memory size as MiB: 512M, 8G, 1T (a bare number is MiB)."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([MGT]?)i?B?", text.strip(), re.IGNORECASE)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a size like 512M, 8G or 1T, got {text!r}")
+    mib = float(match.group(1)) * _MEM_UNITS[match.group(2).upper() or "M"]
+    if not 1 <= mib <= 1 << 30:
+        raise argparse.ArgumentTypeError(f"must be between 1M and 1024T, got {text!r}")
+    return int(mib)
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -176,6 +190,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             ("params", args.params),
             ("workdir", args.workdir),
             ("launcher", args.launcher),
+            ("mem_mb", args.mem),
+            ("cpus", args.cpus),
             ("env", dict(args.env) if args.env else None),
         )
         if value is not None
@@ -196,7 +212,7 @@ def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
 
 def cmd_queue(args: argparse.Namespace, client: ApiClient) -> int:
     states: list[str] | None = None if args.all else (args.state or list(render.ACTIVE_STATES))
-    doc = client.get(f"{API}/jobs", {"tenant": args.tenant, "state": states})
+    doc = client.get(f"{API}/jobs", {"tenant": args.tenant, "user": args.user, "state": states})
     return _emit(args, doc, lambda d: render.queue_table(d.get("jobs") or []))
 
 
@@ -342,7 +358,9 @@ def cmd_status(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def cmd_token_create(args: argparse.Namespace, client: ApiClient) -> int:
-    body = {"user": args.user, "tenant": args.tenant, "admin": args.admin}
+    body = {"user": args.user, "admin": args.admin}
+    if args.tenant is not None:
+        body["tenant"] = args.tenant
     return _emit(args, client.post(f"{API}/tokens", body), lambda d: str(d.get("token")))
 
 
@@ -454,10 +472,17 @@ def register(subparsers: Any) -> None:
         help="environment variable (repeatable)",
     )
     submit.add_argument("--launcher", choices=["plain", "torchrun"], help="default plain")
+    submit.add_argument(
+        "--mem", type=parse_mem, metavar="SIZE", help="memory limit of each attempt on a node: 512M, 8G, 1T"
+    )
+    submit.add_argument(
+        "--cpus", type=_positive_number, metavar="N", help="CPU limit of each attempt on a node (e.g. 4, 0.5)"
+    )
     submit.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
 
     queue = _add(subparsers, "queue", cmd_queue, "list jobs in queue order", common)
     queue.add_argument("--tenant", help="only this tenant's jobs")
+    queue.add_argument("--user", help="only this user's jobs")
     which = queue.add_mutually_exclusive_group()
     which.add_argument(
         "--state",
@@ -507,9 +532,10 @@ def register(subparsers: Any) -> None:
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
     _add(subparsers, "status", cmd_status, "which master leads, since when, with which epoch", common)
 
-    token = subparsers.add_parser("token", help="API tokens (admin)")
+    token = subparsers.add_parser("token", help="API tokens: create (admin), list, revoke")
     token_sub = token.add_subparsers(dest="token_command", required=True)
     create = _add(token_sub, "create", cmd_token_create, "create a token; prints it (shown once)", common)
-    create.add_argument("--user", required=True)
-    create.add_argument("--tenant", required=True)
-    create.add_argument("--admin", action="store_true", help="an admin token")
+    create.add_argument("--user", required=True, help="the user the token speaks for")
+    create.add_argument("--tenant", help="the user's tenant (needed only to add a new user)")
+    create.add_argument("--admin", action="store_true", help="an admin token (the user's role is admin)")
+    users.register(subparsers, token_sub, lambda sub, name, func, text: _add(sub, name, func, text, common))

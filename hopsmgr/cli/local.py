@@ -3,19 +3,29 @@
 `demo` runs the live demo (hopsmgr.local.demo); `demo --simulate` the simulated comparison of the
 paper's 64-GPU cluster instead. `up --config FILE` starts a master and emulated-device agents for your
 own cluster file in the background (state and logs in --dir) and prints how to reach it; `down` stops
-everything `up` started, jobs included.
+everything `up` started, jobs included. Run as root with `[[users]]` that name Unix accounts, `up` runs
+each job as its user (`run_as_users`, docs/security.md) unless the file says `run_as_users = false`;
+otherwise it is single-user: every job runs as whoever ran `up`.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.config import ConfigError, load_cluster_config
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 only
+    import tomli as tomllib
+
+from hopsmgr.config import ClusterConfig, ConfigError, load_cluster_config
 from hopsmgr.local.cluster import LocalCluster, LocalClusterError, read_run, stop_recorded
 
 DEFAULT_DIR = Path(".hopsmgr")
@@ -58,18 +68,64 @@ def cmd_up(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    cluster = LocalCluster(Path(args.config).resolve(), config, root)
+    if config.master.run_as_users and os.geteuid() != 0:
+        print(
+            "error: master.run_as_users = true: only root can run each job as its user (hopsmgr.node.runas); "
+            "run `hopsmgr up` as root, or leave run_as_users out (single-user: every job runs as "
+            f"{getpass.getuser()})",
+            file=sys.stderr,
+        )
+        return 2
+    config_path = Path(args.config).resolve()
+    if os.geteuid() == 0 and not config.master.run_as_users and _run_as_by_default(config_path, config):
+        config_path, config = _with_run_as(config_path, root)
+    if config.master.run_as_users:
+        root.mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o711)  # the jobs' accounts pass through to their own directories
+    cluster = LocalCluster(config_path, config, root)
     try:
         url = cluster.start()
     except LocalClusterError as exc:
         stop_recorded(root)
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    mode = (
+        "jobs run as their users (run_as_users, docs/security.md)"
+        if config.master.run_as_users
+        else f"single-user: every job runs as {getpass.getuser()}"
+    )
     print(
-        f"local cluster {config.name!r} up: master {url}, {len(config.servers)} emulated-device agents, logs in {root}"
+        f"local cluster {config.name!r} up: master {url}, {len(config.servers)} emulated-device agents, "
+        f"{mode}, logs in {root}"
     )
     print(f"export HOPSMGR_URL={url} HOPSMGR_TOKEN=$(cat {cluster.state_dir / 'admin.token'})")
     return 0
+
+
+def _run_as_by_default(path: Path, config: ClusterConfig) -> bool:
+    """As root, with users that have Unix accounts and no `run_as_users` in the file: run jobs as them."""
+    if not any(u.unix_user for u in config.users):
+        return False
+    master = tomllib.loads(path.read_text()).get("master", {})
+    return isinstance(master, dict) and "run_as_users" not in master
+
+
+def _with_run_as(path: Path, root: Path) -> tuple[Path, ClusterConfig]:
+    """A copy of the cluster file in `root` with `run_as_users = true` (and node-local checkpoints,
+    unless the file says where they go: the default shared root is inside the master's state)."""
+    text = path.read_text()
+    master = tomllib.loads(text).get("master", {})
+    lines = ["run_as_users = true"]
+    if "checkpoint_shared" not in master and "checkpoint_root" not in master:
+        lines.append("checkpoint_shared = false")
+    if re.search(r"^\[master\]\s*$", text, re.MULTILINE):
+        text = re.sub(r"^\[master\]\s*$", "[master]\n" + "\n".join(lines), text, count=1, flags=re.MULTILINE)
+    else:
+        text += "\n[master]\n" + "\n".join(lines) + "\n"
+    root.mkdir(parents=True, exist_ok=True)
+    copy = root / f"{path.stem}.run-as.toml"
+    copy.write_text(text)
+    return copy, load_cluster_config(copy)
 
 
 def cmd_down(args: argparse.Namespace) -> int:

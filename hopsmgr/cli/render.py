@@ -119,12 +119,15 @@ def _queue_key(job: Mapping[str, Any]) -> tuple[int, float, float]:
 
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """The queue: jobs with a queue position first (1 = next), then the others oldest first."""
-    headers = ("POS", "ID", "NAME", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "PROGRESS")
+    headers = (
+        "POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "PROGRESS",
+    )  # fmt: skip
     rows = [
         (
             number(job.get("position")),
             str(job.get("id", DASH)),
             str(job.get("name") or DASH),
+            str(job.get("user") or DASH),
             str(job.get("tenant") or DASH),
             str(job.get("state", DASH)),
             gpus(job.get("gpus")),

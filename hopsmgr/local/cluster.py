@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr.config import ClusterConfig
-from hopsmgr.node.layout import is_alive
+from hopsmgr.node import runas
+from hopsmgr.node.layout import Attempt, is_alive
 
 # Relative fp32 throughput of common GPU types (V100 = 1), from vendor datasheet peak figures; used only
 # to give emulated servers plausible, different speeds.
@@ -184,6 +185,10 @@ def stop_recorded(root: Path, grace_s: float = 10.0) -> int:
     master = [int(run["master"])] if run.get("master") else []
     _terminate(master, grace_s)
     stopped = len(agents) + len(master)
+    for marker in root.glob("nodes/*/attempts/*/run_as"):  # jobs run as their users: whole cgroups
+        attempt = Attempt(marker.parent.parent.parent, marker.parent.name)
+        if not attempt.exit.exists():
+            runas.call(attempt, "signal", "--signal", "KILL")
     for pidfile in root.glob("nodes/*/attempts/*/pid"):  # jobs outlive the master by design
         try:
             pgid = int(pidfile.read_text().strip())

@@ -10,6 +10,7 @@ cluster: borrowers are checkpointed and resume later. Ctrl-C stops everything it
 
 from __future__ import annotations
 
+import getpass
 import importlib.util
 import json
 import re
@@ -173,7 +174,7 @@ def run_demo(
     print(
         f"hopsmgr demo: a master and {len(config.servers)} agents on this machine in EMULATED-device mode "
         f"({', '.join(f'{s.id}: {s.gpus}x {s.gpu_type} at speed {emulated_speed(config, s.id):g}' for s in config.servers)});\n"
-        f"executor: {executor}; {len(plan)} jobs for tenants nlp and "
+        f"executor: {executor}; single-user: every job runs as {getpass.getuser()}; {len(plan)} jobs for tenants nlp and "
         f"vision ({'torch CNN/LM and ' if torch else ''}emulated training jobs from examples/). Logs in {cluster.root}.\n"
     )
     try:

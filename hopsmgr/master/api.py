@@ -1,7 +1,9 @@
 """The master's HTTP API (aiohttp): routes, token auth, strict request validation, JSON views.
 
-Every route but /healthz needs a bearer token; users see only their tenant's jobs, admins see all, the
-cluster token is good only for agent heartbeats. Bodies are limited in size and validated strictly
+Every route but /healthz needs a bearer token. A token speaks for its user (hopsmgr.master.identity):
+a user sees its own jobs in full and the rest of its tenant's queue without commands, environments or
+logs; a tenant admin sees and cancels all of its tenant's jobs; an admin sees all; the cluster token
+is good only for agent heartbeats. Bodies are limited in size and validated strictly
 (unknown keys refused); every refusal is a JSON error naming the field, and nothing is stored.
 """
 
@@ -17,13 +19,12 @@ import structlog
 from aiohttp import web
 
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.master import heartbeats, views
+from hopsmgr.master import heartbeats, identity, views
 from hopsmgr.master.controller import Controller, Principal, RequestError
 from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.store import StoreError
-from hopsmgr.master.tokens import new_token
 from hopsmgr.protocol import (
     ID,
     JOB_ID_PATTERN,
@@ -32,6 +33,7 @@ from hopsmgr.protocol import (
     parse_heartbeat,
     parse_submission,
     parse_token_request,
+    parse_user_request,
 )
 
 log = structlog.get_logger("hopsmgr.master")
@@ -53,6 +55,7 @@ QUERY_PARAMETERS: dict[str, frozenset[str]] = {
     "/api/v1/jobs": frozenset({"state", "tenant", "user", "limit"}),
     "/api/v1/jobs/{job}/logs": frozenset({"tail"}),
 }
+TOKEN_ID = "[0-9a-f]{16}"
 
 
 def check_query(request: web.Request) -> None:
@@ -96,10 +99,10 @@ def principal(request: web.Request, *, agent: bool = False) -> Principal:
         if secrets.compare_digest(token.encode(), request.app[CLUSTER_TOKEN].encode()):
             return Principal("agent", "", agent=True)
         raise RequestError(401, "Authorization", "not the cluster token")
-    row = request.app[CTL].store.find_token(token)
-    if row is None:
+    who = identity.principal_for(request.app[CTL].store, token)
+    if who is None:
         raise RequestError(401, "Authorization", "unknown token")
-    return Principal(row["user"], row["tenant"], bool(row["admin"]))
+    return who
 
 
 def admin(request: web.Request) -> Principal:
@@ -161,7 +164,16 @@ async def submit(request: web.Request) -> web.Response:
     who = principal(request)
     sub = parse_submission(await body(request))
     ctl = request.app[CTL]
-    row = await ctl.submit(who, sub)
+    run_as = identity.run_as(ctl.store, ctl.config, who)
+    if not run_as and (sub.mem_mb is not None or sub.cpus is not None):
+        field = "mem_mb" if sub.mem_mb is not None else "cpus"
+        raise RequestError(
+            422,
+            field,
+            "memory and CPU limits are enforced only where jobs run as their users "
+            "([master] run_as_users = true, docs/security.md)",
+        )
+    row = await ctl.submit(who, sub, run_as)
     return web.json_response(views.job_summary(ctl, row), status=201)
 
 
@@ -189,7 +201,9 @@ async def list_jobs(request: web.Request) -> web.Response:
         limit=_int_param(request, "limit", 1000, MAX_LIMIT),
     )
     ctx = views.wait_context(ctl)
-    return web.json_response({"jobs": [views.job_summary(ctl, r, ctx) for r in rows]})
+    return web.json_response(
+        {"jobs": [views.job_summary(ctl, r, ctx, redact=not who.acts_for(r)) for r in rows]}
+    )
 
 
 async def show_job(request: web.Request) -> web.Response:
@@ -267,17 +281,68 @@ async def cluster(request: web.Request) -> web.Response:
 
 
 async def create_token(request: web.Request) -> web.Response:
-    admin(request)
+    who = principal(request)
     req = parse_token_request(await body(request))
-    user, tenant, is_admin = req.user, req.tenant, req.admin
     ctl = request.app[CTL]
-    if tenant not in ctl.state.tenants:
-        raise RequestError(
-            422, "tenant", f"unknown tenant {tenant!r} (known: {', '.join(sorted(ctl.state.tenants))})"
-        )
-    token = new_token()
-    ctl.store.add_token(token, user, tenant, is_admin, ctl.clock())
-    return web.json_response({"token": token, "user": user, "tenant": tenant, "admin": is_admin}, status=201)
+    doc = identity.create_token(ctl.store, ctl.config, who, req, ctl.clock())
+    return web.json_response(doc, status=201)
+
+
+def _token_id(request: web.Request) -> str:
+    value = request.match_info["token"]
+    if not re.fullmatch(TOKEN_ID, value):
+        raise RequestError(400, "token", f"not a token id (16 hex digits, see token list): {value[:40]!r}")
+    return value
+
+
+def _user_name(request: web.Request) -> str:
+    value = request.match_info["user"]
+    try:
+        return ID.check(value, "user")
+    except WireError as exc:
+        raise RequestError(400, "user", f"not a user name: {exc.message}") from None
+
+
+async def list_tokens(request: web.Request) -> web.Response:
+    who = principal(request)
+    return web.json_response({"tokens": identity.list_tokens(request.app[CTL].store, who)})
+
+
+async def revoke_token(request: web.Request) -> web.Response:
+    who = principal(request)
+    return web.json_response(identity.revoke_token(request.app[CTL].store, who, _token_id(request)))
+
+
+async def list_users(request: web.Request) -> web.Response:
+    who = principal(request)
+    return web.json_response({"users": identity.list_users(request.app[CTL].store, who)})
+
+
+async def add_user(request: web.Request) -> web.Response:
+    who = principal(request)
+    req = parse_user_request(await body(request), new=True)
+    ctl = request.app[CTL]
+    row = identity.add_user(ctl.store, ctl.config, who, req, ctl.clock())
+    return web.json_response(identity.user_view(row, ctl.store), status=201)
+
+
+async def show_user(request: web.Request) -> web.Response:
+    who = principal(request)
+    return web.json_response(identity.show_user(request.app[CTL].store, who, _user_name(request)))
+
+
+async def set_user(request: web.Request) -> web.Response:
+    who = principal(request)
+    name = _user_name(request)
+    req = parse_user_request(await body(request), new=False)
+    ctl = request.app[CTL]
+    row = identity.set_user(ctl.store, ctl.config, who, name, req, ctl.clock())
+    return web.json_response(identity.user_view(row, ctl.store))
+
+
+async def remove_user(request: web.Request) -> web.Response:
+    who = principal(request)
+    return web.json_response(identity.remove_user(request.app[CTL].store, who, _user_name(request)))
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -324,5 +389,12 @@ def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str) -> web.Applic
     r.add_get("/api/v1/tenants", tenants)
     r.add_get("/api/v1/cluster", cluster)
     r.add_post("/api/v1/tokens", create_token)
+    r.add_get("/api/v1/tokens", list_tokens)
+    r.add_delete("/api/v1/tokens/{token}", revoke_token)
+    r.add_get("/api/v1/users", list_users)
+    r.add_post("/api/v1/users", add_user)
+    r.add_get("/api/v1/users/{user}", show_user)
+    r.add_post("/api/v1/users/{user}", set_user)
+    r.add_delete("/api/v1/users/{user}", remove_user)
     r.add_post("/api/v1/agents/heartbeat", heartbeat)
     return app

@@ -155,6 +155,9 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
                 emulated_speed=cal.compute_factor
                 if cal is not None and node.device_mode == "emulated"
                 else None,
+                run_as=payload.run_as,
+                mem_mb=payload.mem_mb,
+                cpus=payload.cpus,
             )
             await ctl.executor.launch(ctl.target(node_id), order)
             faults.point("launch.after_command" if rank == 0 else "")  # test-only crash hook

@@ -71,10 +71,22 @@ __all__ = ["Controller", "Principal", "RequestError", "Submission"]
 
 @dataclass(frozen=True, slots=True)
 class Principal:
+    """Who makes a request: a user of a tenant; an admin (everything), a tenant admin (the tenant's
+    jobs), or the agents (the cluster token, heartbeats only)."""
+
     user: str
     tenant: str
     admin: bool = False
     agent: bool = False
+    tenant_admin: bool = False
+
+    def acts_for(self, row: Row) -> bool:
+        """Whether this principal may see a job in full (command, env, logs) and cancel it."""
+        if self.admin:
+            return True
+        if row["tenant"] != self.tenant:
+            return False
+        return self.tenant_admin or row["user"] == self.user
 
 
 class StateView:
@@ -400,8 +412,9 @@ class Controller:
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    async def submit(self, who: Principal, sub: Submission) -> dict[str, Any]:
-        """Validate, hand to the machine and store (grouped with others); the job's row once committed."""
+    async def submit(self, who: Principal, sub: Submission, run_as: str = "") -> dict[str, Any]:
+        """Validate, hand to the machine and store (grouped with others); the job's row once committed.
+        `run_as`: the Unix account its attempts run as (checked by hopsmgr.master.identity)."""
         tenant = sub.tenant or who.tenant
         if not who.admin and tenant != who.tenant:
             raise RequestError(
@@ -439,7 +452,17 @@ class Controller:
         seq = self.job_seq
         job_id = f"j-{seq:06d}"
         spec = replace(spec, id=job_id)
-        payload = JobPayload(seq, sub.name, tuple(sub.command), dict(sub.env), sub.workdir, sub.launcher)
+        payload = JobPayload(
+            seq,
+            sub.name,
+            tuple(sub.command),
+            dict(sub.env),
+            sub.workdir,
+            sub.launcher,
+            run_as,
+            sub.mem_mb,
+            sub.cpus,
+        )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_later(0.002, self._store_submissions)
@@ -480,10 +503,18 @@ class Controller:
             if not future.done():
                 future.set_result(None)
 
-    def visible(self, who: Principal, job_id: str) -> Row:
+    def visible(self, who: Principal, job_id: str, *, full: bool = True) -> Row:
+        """The job's row if `who` may see it (in `full`: its command, env, logs, and cancel it)."""
         row = self.store.job(job_id)
         if row is None or (not who.admin and row["tenant"] != who.tenant):
             raise RequestError(404, "id", f"no job {job_id!r}")
+        if full and not who.acts_for(row):
+            raise RequestError(
+                403,
+                "id",
+                f"job {job_id} is {row['user']}'s: user {who.user!r} sees only its queue position "
+                "(hopsmgr queue); its owner or a tenant admin can show, cancel or read it",
+            )
         return row
 
     def cancel(self, who: Principal, job_id: str) -> None:

@@ -50,6 +50,9 @@ class LaunchOrder:
     checkpoint_dir: str = ""
     profile_iters: int = 20
     emulated_speed: float | None = None
+    run_as: str = ""  # the Unix account the job runs as ("": the wrapper's own)
+    mem_mb: int | None = None
+    cpus: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,12 @@ def launch_args(target: NodeTarget, order: LaunchOrder) -> list[str]:
         args += ["--cwd", order.cwd]
     if order.emulated_speed is not None:
         args += ["--emulated-speed", repr(order.emulated_speed)]
+    if order.run_as:
+        args += ["--run-as", order.run_as]
+    if order.mem_mb is not None:
+        args += ["--mem-mb", str(order.mem_mb)]
+    if order.cpus is not None:
+        args += ["--cpus", repr(order.cpus)]
     for key, value in sorted(order.env.items()):
         args += ["--env", f"{key}={value}"]
     return [*args, "--", *order.argv]

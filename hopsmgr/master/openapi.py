@@ -20,8 +20,11 @@ from hopsmgr.protocol import (
     HEARTBEAT_REPLY,
     ID,
     JOB_ID_PATTERN,
+    NEW_USER,
+    ROLES,
     SUBMISSION,
     TOKEN_REQUEST,
+    USER_CHANGE,
 )
 from hopsmgr.schema import Anything, Arr, Bool, Int, JsonSchema, Map, Nullable, Num, Obj, Spec, Str
 
@@ -90,6 +93,9 @@ JOB_DETAIL = answer(
         "env": Map(TEXT, keys=Str(max_len=128), max_items=256),
         "workdir": TEXT,
         "launcher": Str(enum=("plain", "torchrun")),
+        "run_as": Str(max_len=32, description="the Unix account it runs as ('' : the nodes' own)"),
+        "mem_mb": Nullable(Int(1)),
+        "cpus": Nullable(Num()),
         "batch_size": Int(1),
         "total_samples": Num(),
         "done_samples": Num(),
@@ -181,7 +187,23 @@ CLUSTER = answer(
         "last_round": Anything(description="the latest round's statistics, or null"),
     },
 )
-TOKEN = answer("Token", {"token": TEXT, "user": ID, "tenant": ID, "admin": Bool()})
+TOKEN_ID = Str(max_len=16, pattern="[0-9a-f]{16}")
+TOKEN = answer("Token", {"token": TEXT, "id": TOKEN_ID, "user": ID, "tenant": ID, "admin": Bool()})
+TOKEN_INFO_FIELDS: dict[str, Spec] = {"id": TOKEN_ID, "user": ID, "tenant": ID, "created": Num()}
+TOKEN_INFO = answer("TokenInfo", TOKEN_INFO_FIELDS)
+REVOKED = answer("RevokedToken", {**TOKEN_INFO_FIELDS, "revoked": Bool()})
+USER = answer(
+    "User",
+    {
+        "name": ID,
+        "tenant": ID,
+        "unix_user": Str(max_len=32),
+        "role": Str(enum=ROLES),
+        "created": Num(),
+        "tokens": COUNT,
+    },
+)
+REMOVED_USER = answer("RemovedUser", {"name": ID, "removed": Bool(), "tokens_revoked": COUNT})
 LEADER = answer(
     "Leader",
     {"url": Str(max_len=2048), "since": Num(), "epoch": COUNT, "first_plan": Nullable(Num())},
@@ -212,9 +234,9 @@ _REASONS = {
     400: "the request is malformed: the error names the field",
     401: "no token, or not one this operation accepts",
     403: "the token may not do this",
-    404: "no such job or node",
+    404: "no such job, node, user or token",
     405: "method not allowed",
-    409: "conflict (the job has ended; another protocol version)",
+    409: "conflict (the job has ended; another protocol version; the user exists; acting on oneself)",
     413: "body over 64 KiB",
     422: "valid, but the cluster can never meet it",
     503: "the master cannot write its state",
@@ -276,6 +298,7 @@ NODE_LINKS = {"DrainNode": "drainNode", "UndrainNode": "undrainNode", "Calibrate
 
 def openapi_document() -> dict[str, Any]:
     job, node = _path("job", JOB_ID), _path("node", NODE_ID)
+    user, token = _path("user", ID), _path("token", TOKEN_ID)
     metrics_text = {"type": "string", "description": "Prometheus text exposition format 0.0.4"}
     metrics = _op("metrics", "Prometheus metrics", {}, errors=())
     metrics["responses"]["200"] = {"description": "OK", "content": {"text/plain": {"schema": metrics_text}}}
@@ -389,7 +412,43 @@ def openapi_document() -> dict[str, Any]:
                     body=TOKEN_REQUEST,
                     ok=201,
                     errors=(403, 422, 503),
-                )
+                ),
+                "get": _op(
+                    "listTokens",
+                    "Tokens one may revoke (admin: all; tenant admin: the tenant's; user: its own)",
+                    answer("TokenList", {"tokens": Arr(TOKEN_INFO, MANY)}),
+                ),
+            },
+            "/api/v1/tokens/{token}": {
+                "delete": _op("revokeToken", "Revoke a token", REVOKED, errors=(404, 503), params=[token])
+            },
+            "/api/v1/users": {
+                "get": _op(
+                    "listUsers",
+                    "Users (admin: all; tenant admin: the tenant's; user: itself)",
+                    answer("UserList", {"users": Arr(USER, MANY)}),
+                ),
+                "post": _op(
+                    "addUser", "Add a user (admin)", USER, body=NEW_USER, ok=201, errors=(403, 409, 422, 503)
+                ),
+            },
+            "/api/v1/users/{user}": {
+                "get": _op("showUser", "Show a user", USER, errors=(404,), params=[user]),
+                "post": _op(
+                    "setUser",
+                    "Change a user's tenant, Unix account or role (admin)",
+                    USER,
+                    body=USER_CHANGE,
+                    errors=(403, 404, 409, 422, 503),
+                    params=[user],
+                ),
+                "delete": _op(
+                    "removeUser",
+                    "Remove a user and revoke its tokens (admin)",
+                    REMOVED_USER,
+                    errors=(403, 404, 409, 503),
+                    params=[user],
+                ),
             },
             "/api/v1/agents/heartbeat": {
                 "post": _op(

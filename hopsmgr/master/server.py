@@ -25,7 +25,7 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
-from hopsmgr.master import commands
+from hopsmgr.master import commands, identity
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
@@ -140,6 +140,15 @@ class MasterProcess:
         self._tls = check_listen(self.config)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         m = self.config.master
+        if m.run_as_users:  # jobs run as other accounts: the master's own files are out of their reach
+            os.chmod(self.state_dir, 0o700)
+            root = Path(m.checkpoint_root or self.state_dir / "checkpoints").resolve()
+            if m.checkpoint_shared and root.is_relative_to(self.state_dir.resolve()):
+                raise StartError(
+                    f"master.checkpoint_root = {str(root)!r} is inside the state directory, which jobs "
+                    "running as their users cannot reach: give a directory outside it (shared with the "
+                    "nodes), or checkpoint_shared = false"
+                )
         try:
             self.store = open_store(m.store or self.state_dir / "state.db")
         except StoreError as exc:
@@ -220,8 +229,12 @@ class MasterProcess:
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
         store.fence(ctl.epoch)
+        identity.seed_users(store, self.config, ctl.clock())
         if store.count_tokens(admin=True) == 0:
             token = new_token()
+            admin = store.user("admin")
+            if admin is None or admin["role"] != "admin":
+                store.put_user("admin", self.config.tenants[0].name, "", "admin", ctl.clock())
             store.add_token(token, "admin", self.config.tenants[0].name, True, ctl.clock())
             write_secret(self.state_dir / "admin.token", token)
             log.info("admin_token_created", path=str(self.state_dir / "admin.token"))

@@ -43,6 +43,9 @@ class JobPayload:
     env: dict[str, str]
     workdir: str
     launcher: str
+    run_as: str = ""  # the Unix account the job runs as on the nodes ("": the wrapper's own)
+    mem_mb: int | None = None  # cgroup limits of each attempt
+    cpus: float | None = None
 
 
 @dataclass(slots=True)
@@ -144,6 +147,9 @@ def job_row(job: Job, payload: JobPayload) -> Row:
         "env": payload.env,
         "workdir": payload.workdir,
         "launcher": payload.launcher,
+        "run_as": payload.run_as,
+        "mem_mb": payload.mem_mb,
+        "cpus": payload.cpus,
         **store_counters(job.counters()),
         "reason": job.reason,
         "has_checkpoint": int(job.has_checkpoint),
@@ -183,6 +189,9 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         env=dict(row["env"]),
         workdir=row["workdir"],
         launcher=row["launcher"],
+        run_as=row.get("run_as") or "",
+        mem_mb=row.get("mem_mb"),
+        cpus=row.get("cpus"),
     )
     return job, payload
 

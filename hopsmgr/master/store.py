@@ -2,7 +2,8 @@
 on PostgreSQL (hopsmgr.master.pgstore, for several masters with a leader lease); one writer, the schema
 versioned with the same migrations on both (written in SQLite's dialect; pgstore translates them).
 
-Tables: meta (epoch, id counters), tenants, tokens (hashed), jobs, attempts, events (append-only job
+Tables: meta (epoch, id counters), tenants, users (name, tenant, Unix account, role), tokens (hashed,
+each a user's; `id` is a public handle for listing and revoking), jobs, attempts, events (append-only job
 history), nodes (with calibration), throughput (the estimator's measured history), estimator (its
 exported state) and rounds. The master is the only writer; every change that must survive a crash is
 committed before the master acts on it (`transaction()` groups a change into one commit).
@@ -25,6 +26,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from hopsmgr.protocol import ROLES
 
 Row = dict[str, Any]
 
@@ -78,6 +81,27 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE profiles (
         job_id TEXT NOT NULL, gpu_type TEXT NOT NULL, profile TEXT NOT NULL, calibration TEXT NOT NULL,
         time REAL NOT NULL, PRIMARY KEY (job_id, gpu_type));
+    """,
+    # 3: users (identities: tenant, Unix account, role); every token belongs to one. The users of
+    # older stores are made from their tokens (a user's first tenant; admin if any token was), and
+    # each token gets a public id (a prefix of its hash) to list and revoke it by. Portable SQL only.
+    """
+    CREATE TABLE users (
+        name TEXT PRIMARY KEY, tenant TEXT NOT NULL, unix_user TEXT NOT NULL DEFAULT '',
+        role TEXT NOT NULL, created REAL NOT NULL);
+    INSERT INTO users (name, tenant, unix_user, role, created)
+        SELECT user, MIN(tenant), '', CASE WHEN MAX(admin) = 1 THEN 'admin' ELSE 'user' END, MIN(created)
+        FROM tokens GROUP BY user;
+    ALTER TABLE tokens ADD COLUMN id TEXT NOT NULL DEFAULT '';
+    UPDATE tokens SET id = substr(hash, 1, 16);
+    CREATE INDEX tokens_user ON tokens (user);
+    """,
+    # 4: what a job runs as on the nodes (its submitter's Unix account where jobs run as their users)
+    # and the limits of its cgroup (MiB of memory, CPUs); NULL: no limit
+    """
+    ALTER TABLE jobs ADD COLUMN run_as TEXT NOT NULL DEFAULT '';
+    ALTER TABLE jobs ADD COLUMN mem_mb INTEGER;
+    ALTER TABLE jobs ADD COLUMN cpus REAL;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -300,18 +324,77 @@ class Store:
             for t in tenants:
                 self._insert("tenants", t)
 
-    def add_token(self, token: str, user: str, tenant: str, admin: bool, now: float) -> None:
+    def add_token(self, token: str, user: str, tenant: str, admin: bool, now: float) -> str:
+        """Store a token of `user` (hashed); returns its public id."""
+        digest = hash_token(token)
         with self.transaction():
             self._insert(
                 "tokens",
                 {
-                    "hash": hash_token(token),
+                    "hash": digest,
+                    "id": digest[:16],
                     "user": user,
                     "tenant": tenant,
                     "admin": int(admin),
                     "created": now,
                 },
             )
+        return digest[:16]
+
+    def tokens(self, user: str | None = None) -> list[Row]:
+        """Tokens (public id, user, tenant, created; never the hash), oldest first."""
+        sql = "SELECT id, user, tenant, created FROM tokens"
+        params: tuple[str, ...] = ()
+        if user is not None:
+            sql, params = sql + " WHERE user = ?", (user,)
+        return [dict(r) for r in self._exec(sql + " ORDER BY created, id", params).fetchall()]
+
+    def token_by_id(self, token_id: str) -> Row | None:
+        row = self._exec("SELECT id, user, tenant, created FROM tokens WHERE id = ?", (token_id,)).fetchone()
+        return None if row is None else dict(row)
+
+    def delete_token(self, token_id: str) -> None:
+        with self.transaction():
+            self._exec("DELETE FROM tokens WHERE id = ?", (token_id,))
+
+    # -- users ------------------------------------------------------------------------------------------
+
+    def user(self, name: str) -> Row | None:
+        row = self._exec("SELECT * FROM users WHERE name = ?", (name,)).fetchone()
+        return None if row is None else dict(row)
+
+    def users(self, tenant: str | None = None) -> list[Row]:
+        params: tuple[str, ...]
+        sql, params = "SELECT * FROM users", ()
+        if tenant is not None:
+            sql, params = sql + " WHERE tenant = ?", (tenant,)
+        return [dict(r) for r in self._exec(sql + " ORDER BY name", params).fetchall()]
+
+    def put_user(self, name: str, tenant: str, unix_user: str, role: str, now: float) -> None:
+        """Create or change a user (its tokens keep working and follow the new tenant and role)."""
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+        with self.transaction():
+            if self.user(name) is None:
+                self._insert(
+                    "users",
+                    {"name": name, "tenant": tenant, "unix_user": unix_user, "role": role, "created": now},
+                )
+            else:
+                self._exec(
+                    "UPDATE users SET tenant = ?, unix_user = ?, role = ? WHERE name = ?",
+                    (tenant, unix_user, role, name),
+                )
+            self._exec(
+                "UPDATE tokens SET tenant = ?, admin = ? WHERE user = ?", (tenant, int(role == "admin"), name)
+            )
+
+    def delete_user(self, name: str) -> int:
+        """Remove a user and revoke its tokens; how many tokens were revoked."""
+        with self.transaction():
+            revoked = self._exec("DELETE FROM tokens WHERE user = ?", (name,)).rowcount
+            self._exec("DELETE FROM users WHERE name = ?", (name,))
+        return int(revoked)
 
     def find_token(self, token: str) -> Row | None:
         digest = hash_token(token)

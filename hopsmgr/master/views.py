@@ -45,7 +45,11 @@ def wait_context(ctl: Controller) -> PriorityContext:
     return ctl.wait_ctx[1]
 
 
-def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None) -> dict[str, Any]:
+def job_summary(
+    ctl: Controller, row: dict[str, Any], ctx: PriorityContext | None = None, *, redact: bool = False
+) -> dict[str, Any]:
+    """A job's line in the queue; `redact`: another user's job, its name and failure reason left out
+    (its position, size and state stay: they are the queue everyone shares)."""
     job = ctl.state.jobs.get(row["id"])
     plan = _plan(ctl)
     placement = None
@@ -67,7 +71,7 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
     total_samples = row["spec"]["total_samples"]
     return {
         "id": row["id"],
-        "name": row["name"],
+        "name": "" if redact else row["name"],
         "tenant": row["tenant"],
         "user": row["user"],
         "state": row["state"] if job is None else job.state.value,
@@ -80,7 +84,7 @@ def job_summary(ctl: Controller, row: dict[str, Any], ctx: PriorityContext | Non
         "est_wait_s": est_wait,
         "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
         "restarts": job.restarts if job else row["restarts"],
-        "reason": job.reason if job else row["reason"],
+        "reason": None if redact else (job.reason if job else row["reason"]),
     }
 
 
@@ -92,6 +96,9 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         env=row["env"],
         workdir=row["workdir"],
         launcher=row["launcher"],
+        run_as=row.get("run_as") or "",
+        mem_mb=row.get("mem_mb"),
+        cpus=row.get("cpus"),
         batch_size=row["spec"]["batch_size"],
         total_samples=row["spec"]["total_samples"],
         done_samples=row["done_samples"],

@@ -2,7 +2,10 @@
 
 Layout: `WORK/epoch` (highest master epoch seen), `WORK/attempts/<attempt>/` with `spec.json`, `pid`,
 `child.json`, `monitor.json`, `log`, `progress.json`, `profile.json`, `exit.json` and
-`checkpoint.request`. Processes are identified by pid and start time (from /proc where it exists),
+`checkpoint.request`. An attempt that runs as another Unix account (`launch --run-as`) keeps the
+files its job writes (log, progress.json, profile.json, checkpoint.request) in `job/`, a directory of
+that account's (hopsmgr.node.runas); the rest (the wrapper's bookkeeping) stays the wrapper's own, out
+of the job's reach. Processes are identified by pid and start time (from /proc where it exists),
 so a recycled pid is never taken for the job.
 """
 
@@ -21,6 +24,9 @@ from hopsmgr import nodecontract as nc
 from hopsmgr.runtime.files import atomic_write_bytes, read_json
 
 ID_PATTERN = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+JOB_SUBDIR = "job"
+RUN_AS_FILE = "run_as"  # the account an isolated attempt runs as (written with its spec)
+JOB_FILES = frozenset({nc.LOG_FILE, nc.PROGRESS_FILE, nc.PROFILE_FILE, nc.REQUEST_FILE})
 
 
 class WrapperError(Exception):
@@ -72,8 +78,20 @@ class Attempt:
     def dir(self) -> Path:
         return attempts_dir(self.workdir) / self.attempt_id
 
+    @property
+    def job_dir(self) -> Path:
+        """Where the job's own files are: `job/` for an attempt run as another account, else the
+        attempt directory itself."""
+        sub = self.dir / JOB_SUBDIR
+        return sub if sub.is_dir() or self.isolated else self.dir
+
+    @property
+    def isolated(self) -> bool:
+        """Whether the attempt runs as another Unix account (its spec names one)."""
+        return (self.dir / RUN_AS_FILE).exists()
+
     def file(self, name: str) -> Path:
-        return self.dir / name
+        return (self.job_dir if name in JOB_FILES else self.dir) / name
 
     @property
     def spec(self) -> Path:
@@ -93,7 +111,7 @@ class Attempt:
 
     @property
     def log(self) -> Path:
-        return self.dir / nc.LOG_FILE
+        return self.job_dir / nc.LOG_FILE
 
     @property
     def exit(self) -> Path:
@@ -101,7 +119,12 @@ class Attempt:
 
     @property
     def request(self) -> Path:
-        return self.dir / nc.REQUEST_FILE
+        return self.job_dir / nc.REQUEST_FILE
+
+    @property
+    def monitor_log(self) -> Path:
+        """The monitor's own messages where the job's log is not the wrapper's to write."""
+        return self.dir / "monitor.log"
 
 
 def attempts_dir(workdir: Path) -> Path:

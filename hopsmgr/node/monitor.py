@@ -6,6 +6,11 @@ new session with stdout and stderr appended to `log`, writes `child.json` and `p
 is left of the job's process group, and writes `exit.json`. The job starts with SIGUSR1 blocked, so
 processes that do not use hopsmgr.runtime ignore checkpoint requests instead of dying from them; the
 runtime takes the signal with `sigwait`.
+
+An attempt that runs as another Unix account (`layout.Attempt.isolated`) is started through the
+privileged step (hopsmgr.node.runas start), which becomes the job; the monitor's own messages then go
+to `monitor.log`, and what is left of the job when its leader exits is killed through the same step
+(its cgroup).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hopsmgr.node import runas
 from hopsmgr.node.layout import Attempt, process_record
 from hopsmgr.nodecontract import ENV_PREFIX, EXIT_CHECKPOINTED
 from hopsmgr.runtime.files import atomic_write_bytes, atomic_write_json, read_json
@@ -47,6 +53,17 @@ def child_env(overlay: dict[str, str]) -> dict[str, str]:
 def _start(a: Attempt, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     try:
+        if a.isolated:
+            with open(a.monitor_log, "ab") as log:
+                return subprocess.Popen(
+                    [*runas.command(), "start", "--workdir", str(a.workdir), "--attempt", a.attempt_id],
+                    cwd="/",
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
         with open(a.log, "ab") as log:
             return subprocess.Popen(
                 [str(x) for x in spec["argv"]],
@@ -62,8 +79,9 @@ def _start(a: Attempt, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _wait(child: subprocess.Popen[bytes]) -> int:
-    """Wait for the job; kill the rest of its process group while the leader's pid is still held."""
+def _wait(a: Attempt, child: subprocess.Popen[bytes]) -> int:
+    """Wait for the job; kill the rest of its process group (an isolated attempt's: its cgroup) while
+    the leader's pid is still held."""
     if hasattr(os, "waitid"):
         while True:
             try:
@@ -73,9 +91,22 @@ def _wait(child: subprocess.Popen[bytes]) -> int:
                 continue
             except ChildProcessError:
                 break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child.pid, signal.SIGKILL)
+        if a.isolated:
+            runas.call(a, "signal", "--signal", "KILL")
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
     return child.wait()
+
+
+def _refusal(a: Attempt) -> str | None:
+    """The privileged step's refusal of an isolated attempt, from the monitor's log."""
+    try:
+        lines = a.monitor_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    found = [line for line in lines if line.startswith("hopsmgr-runas: refused:")]
+    return found[-1] if found else None
 
 
 def run_monitor(workdir: Path, attempt_id: str) -> int:
@@ -92,13 +123,14 @@ def run_monitor(workdir: Path, attempt_id: str) -> int:
         child = _start(a, spec)
     except OSError as exc:
         msg = f"cannot start {spec['argv'][0]!r}: {exc.strerror or exc}"
-        with contextlib.suppress(OSError), open(a.log, "ab") as log:
+        with contextlib.suppress(OSError), open(a.monitor_log if a.isolated else a.log, "ab") as log:
             log.write(f"hopsmgr: {msg}\n".encode())
         code = 126 if isinstance(exc, PermissionError) else 127
         atomic_write_json(a.exit, exit_record(code, msg))
         return 0
     atomic_write_json(a.child, process_record(child.pid))
     atomic_write_bytes(a.pid, f"{child.pid}\n".encode("ascii"))
-    returncode = _wait(child)
-    atomic_write_json(a.exit, exit_record(returncode))
+    returncode = _wait(a, child)
+    refused = _refusal(a) if a.isolated and returncode == runas.REFUSED else None
+    atomic_write_json(a.exit, exit_record(returncode, refused))
     return 0

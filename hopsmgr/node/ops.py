@@ -2,6 +2,10 @@
 
 Each returns a JSON-ready dict or raises a `WrapperError` (BadRequest, StaleEpoch, UnknownAttempt,
 Conflict) whose `exit_code` the command line uses. An in-process agent calls these directly.
+
+`launch --run-as ACCOUNT` makes an isolated attempt: its spec (0600) and directory (0711) stay the
+wrapper's, the job runs as ACCOUNT through the privileged step (hopsmgr.node.runas), which the
+signals of checkpoint and stop, and forget, go through as well.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr import nodecontract as nc
+from hopsmgr.node import cgroup, runas
 from hopsmgr.node.layout import (
+    RUN_AS_FILE,
     Attempt,
     BadRequest,
     Conflict,
@@ -35,7 +41,7 @@ from hopsmgr.node.layout import (
     record_alive,
     validate_id,
 )
-from hopsmgr.runtime.files import atomic_write_json, read_json
+from hopsmgr.runtime.files import atomic_write_bytes, atomic_write_json, read_json
 
 START_TIMEOUT_S = 10.0
 KILL_WAIT_S = 10.0
@@ -140,6 +146,38 @@ def _child_overlay(
     return overlay
 
 
+_ACCOUNT = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def _check_isolation(run_as: str | None, mem_mb: int | None, cpus: float | None) -> None:
+    """Refuse, before anything is made, an account the privileged step would refuse, and limits
+    without isolation (only the privileged step makes cgroups)."""
+    if not run_as:
+        if mem_mb is not None or cpus is not None:
+            raise BadRequest("mem-mb and cpus need --run-as (limits are enforced in the attempt's cgroup)")
+        return
+    if not _ACCOUNT.match(run_as):
+        raise BadRequest(f"run-as {run_as!r} is not a Unix account name")
+    if mem_mb is not None and (isinstance(mem_mb, bool) or not isinstance(mem_mb, int) or mem_mb < 1):
+        raise BadRequest(f"mem-mb {mem_mb!r} must be an integer >= 1")
+    if cpus is not None and not (math.isfinite(cpus) and cpus > 0):
+        raise BadRequest(f"cpus {cpus!r} must be a positive number")
+    try:
+        policy = runas.load_policy()
+    except runas.Refused:
+        policy = runas.Policy()  # unreadable here: the privileged step reads it
+    try:
+        runas.check_account(run_as, policy)
+    except runas.Refused as exc:
+        raise BadRequest(f"run-as: {exc}") from None
+    root = cgroup.cgroup2_root()
+    try:
+        if root is not None and (mem_mb is not None or cpus is not None):
+            cgroup.check_controllers(root, mem_mb, cpus)
+    except cgroup.CgroupError as exc:
+        raise BadRequest(str(exc)) from None
+
+
 def _check_launch_args(
     argv: Sequence[str],
     mode: str,
@@ -182,6 +220,9 @@ def launch(
     profile_iters: int = 20,
     emulated_speed: float | None = None,
     start_timeout: float = START_TIMEOUT_S,
+    run_as: str | None = None,
+    mem_mb: int | None = None,
+    cpus: float | None = None,
 ) -> dict[str, Any]:
     """Start `argv` as attempt `attempt` of `job` under a detached monitor; idempotent per attempt id.
 
@@ -191,6 +232,7 @@ def launch(
     validate_id("job", job)
     env = dict(env or {})
     _check_launch_args(argv, mode, gpus, visible_devices, env, profile_iters, emulated_speed)
+    _check_isolation(run_as, mem_mb, cpus)
     work_cwd = Path(cwd).absolute() if cwd is not None else a.dir
     if cwd is not None and not work_cwd.is_dir():
         raise BadRequest(f"cwd {str(cwd)!r} is not a directory")
@@ -213,10 +255,15 @@ def launch(
         "cwd": str(work_cwd),
         "created": time.time(),
     }
+    if run_as:
+        spec.update(run_as=run_as, mem_mb=mem_mb, cpus=cpus)
     attempts_dir(a.workdir).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{attempt}.", dir=attempts_dir(a.workdir)))
     try:
-        atomic_write_json(staging / "spec.json", spec)
+        atomic_write_json(staging / "spec.json", spec)  # 0600: the env may hold the job's secrets
+        if run_as:
+            atomic_write_bytes(staging / RUN_AS_FILE, run_as.encode() + b"\n")
+            os.chmod(staging, 0o711)  # the job reaches its job/ directory, nothing else in here
         os.rename(staging, a.dir)
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
@@ -224,6 +271,10 @@ def launch(
             return {**attempt_status(a), "already": True}
         raise
     ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if run_as:
+        for d in (a.workdir, attempts_dir(a.workdir), a.workdir / "checkpoints"):
+            if d.stat().st_uid == os.geteuid():  # traversable, not listable, by the job
+                os.chmod(d, 0o711)
     _spawn_monitor(a, start_timeout)
     return {**_wait_started(a, start_timeout), "already": False}
 
@@ -231,7 +282,7 @@ def launch(
 def _spawn_monitor(a: Attempt, timeout: float) -> None:
     cmd = [sys.executable, "-m", "hopsmgr.node.wrapper", "_monitor"]
     cmd += ["--workdir", str(a.workdir), "--attempt", a.attempt_id]
-    with open(a.log, "ab") as log:
+    with open(a.monitor_log if a.isolated else a.log, "ab") as log:
         proc = subprocess.Popen(
             cmd,
             cwd=_PACKAGE_ROOT,
@@ -277,6 +328,11 @@ def _await_pid(a: Attempt) -> bool:
 
 
 def _signal_group(a: Attempt, sig: signal.Signals) -> None:
+    if a.isolated:  # the job is another account's: through the privileged step, to its whole cgroup
+        error = runas.call(a, "signal", "--signal", sig.name.removeprefix("SIG"))
+        if error:
+            raise WrapperError(f"attempt {a.attempt_id}: cannot signal it: {error}")
+        return
     pid, alive = record_alive(a.child)
     if pid is not None and alive:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -356,7 +412,8 @@ def logs(workdir: Path | str, attempt: str, tail: int = DEFAULT_TAIL) -> dict[st
         raise BadRequest(f"tail {tail!r} must be an integer >= 0")
     a = _existing(workdir, attempt)
     data = b""
-    with contextlib.suppress(FileNotFoundError), open(a.log, "rb") as fh:
+    path = a.log if a.log.exists() or not a.isolated else a.monitor_log  # refused before it started
+    with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
         size = fh.seek(0, os.SEEK_END)
         fh.seek(max(size - tail, 0))
         data = fh.read(tail)
@@ -368,5 +425,9 @@ def forget(workdir: Path | str, attempt: str) -> dict[str, Any]:
     a = _existing(workdir, attempt)
     if attempt_status(a)["state"] == "running":
         raise Conflict(f"attempt {attempt!r} is running: stop it before forgetting it")
+    if a.isolated:
+        error = runas.call(a, "cleanup")
+        if error:
+            raise WrapperError(f"attempt {attempt}: cannot remove its job directory: {error}")
     shutil.rmtree(a.dir)
     return {"attempt": attempt, "forgotten": True}

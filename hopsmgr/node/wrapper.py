@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", action="extend", nargs="+", default=[], metavar="K=V")
     p.add_argument("--profile-iters", type=int, default=20)
     p.add_argument("--emulated-speed", type=float)
+    p.add_argument("--run-as", metavar="ACCOUNT", help="run the job as this Unix account (isolated)")
+    p.add_argument("--mem-mb", type=int, help="memory limit of the attempt's cgroup (MiB; with --run-as)")
+    p.add_argument("--cpus", type=float, help="CPU limit of the attempt's cgroup (with --run-as)")
 
     p = command("checkpoint", "ask an attempt to checkpoint and exit", epoch=True)
     p.add_argument("--wait", type=float)
@@ -115,6 +118,9 @@ def _dispatch(args: list[str]) -> dict[str, Any] | None:
             env=_env_pairs(ns.env),
             profile_iters=ns.profile_iters,
             emulated_speed=ns.emulated_speed,
+            run_as=ns.run_as,
+            mem_mb=ns.mem_mb,
+            cpus=ns.cpus,
         )
     if ns.command == "checkpoint":
         return checkpoint(ns.workdir, ns.attempt, ns.epoch, wait=ns.wait, grace=ns.grace)

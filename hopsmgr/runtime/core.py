@@ -337,11 +337,12 @@ class Runtime:
     def _write_progress(self) -> None:
         self._last_progress = time.perf_counter()
         if self._s.attempt_dir is not None:
-            atomic_write_json(self._s.attempt_dir / PROGRESS_FILE, self.progress(), durable=False)
+            # group-readable: where the job runs as its user, the wrapper reads it through the group
+            atomic_write_json(self._s.attempt_dir / PROGRESS_FILE, self.progress(), durable=False, mode=0o640)
 
     def _write_profile(self) -> None:
         if self._s.attempt_dir is not None:
-            atomic_write_json(self._s.attempt_dir / PROFILE_FILE, self.profile())
+            atomic_write_json(self._s.attempt_dir / PROFILE_FILE, self.profile(), mode=0o640)
 
 
 def init(env: Mapping[str, str] | None = None, *, install_signals: bool = True) -> Runtime:

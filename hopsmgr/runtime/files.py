@@ -26,15 +26,17 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True, mode: int | None = None) -> None:
     """Write `data` to `path` so a reader sees either the old file or the whole new one, never a part.
 
     The data goes to a temp file in the same directory, is fsynced (when `durable`), then renamed over
-    `path`. On any error the temp file is removed.
+    `path`. On any error the temp file is removed. The file is 0600 unless `mode` says otherwise.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     try:
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             if durable:
@@ -49,10 +51,10 @@ def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None
         fsync_dir(path.parent)
 
 
-def atomic_write_json(path: Path, obj: Any, *, durable: bool = True) -> None:
+def atomic_write_json(path: Path, obj: Any, *, durable: bool = True, mode: int | None = None) -> None:
     """`atomic_write_bytes` of `obj` as JSON (sorted keys, one trailing newline)."""
     text = json.dumps(obj, sort_keys=True, allow_nan=False) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"), durable=durable)
+    atomic_write_bytes(path, text.encode("utf-8"), durable=durable, mode=mode)
 
 
 def read_json(path: Path) -> Any | None:

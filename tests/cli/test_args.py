@@ -134,7 +134,10 @@ def test_bad_submit_exits_2_naming_flag_and_sends_nothing(
         (["queue", "--state", "RUNNING", "--all"], ["--all", "--state"]),
         (["logs", "j-1", "--tail", "0"], ["--tail", "'0'"]),
         (["logs"], ["job"]),
-        (["token", "create", "--user", "ana"], ["--tenant"]),
+        (["token", "create", "--tenant", "vision"], ["--user"]),  # --tenant only for a new user
+        (["user", "add", "ana"], ["--tenant"]),
+        (["user", "set", "ana", "--role", "boss"], ["--role", "'boss'"]),
+        (["token", "revoke"], ["id"]),
         (["drain"], ["node"]),
     ],
 )
@@ -174,3 +177,20 @@ def test_submit_input_is_checked_before_the_token(cli: Callable[..., Result]) ->
     )
     assert code == 2
     assert "--rnum" in err and "no API token" not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "mib"),
+    [("512M", 512), ("8G", 8192), ("1T", 1 << 20), ("64", 64), ("1.5G", 1536), ("2GiB", 2048)],
+)
+def test_mem_sizes(text: str, mib: int) -> None:
+    from hopsmgr.cli.commands import parse_mem
+
+    assert parse_mem(text) == mib
+
+
+@pytest.mark.parametrize("text", ["", "8X", "-1G", "0", "2048T", "lots"])
+def test_bad_mem_sizes_exit_2(cli: Callable[..., Result], master: FakeMaster, text: str) -> None:
+    code, _, err = cli("submit", "--url", master.url, "--token", GOOD_TOKEN, "--gpus", "1", "--batch-size", "8",
+                       "--iters", "5", "--mem", text, "--", "python", "x.py")  # fmt: skip
+    assert code == 2 and "--mem" in err and not master.requests

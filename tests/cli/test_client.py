@@ -109,14 +109,16 @@ def test_unreachable_master_exits_1(cli: Callable[..., Result], refused_url: str
 def test_queue_default_states_and_all(cli: Callable[..., Result], master: FakeMaster) -> None:
     code, out, _ = cli("queue", *auth(master.url), "--tenant", "vision")
     assert code == 0
-    assert out.splitlines()[0].split() == ["POS", "ID", "NAME", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR",
-                                           "EST.WAIT", "PROGRESS"]  # fmt: skip
+    assert out.splitlines()[0].split() == ["POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS",
+                                           "PLACEMENT", "LR", "EST.WAIT", "PROGRESS"]  # fmt: skip
     assert out.splitlines()[1].split()[:2] == ["1", "j-000002"]
     states = [v for k, v in master.requests[0].query if k == "state"]
     assert states == ["PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING"]
     assert ("tenant", "vision") in master.requests[0].query
     cli("queue", *auth(master.url), "--all")
     assert master.requests[1].query == []
+    cli("queue", *auth(master.url), "--all", "--user", "ana")
+    assert master.requests[2].query == [("user", "ana")]
 
 
 def test_queue_json_is_the_raw_answer(cli: Callable[..., Result], master: FakeMaster) -> None:

@@ -18,7 +18,7 @@ def test_quick_demo_completes_every_job_with_a_preemption_and_resume(tmp_path: P
         timeout=420,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "EMULATED" in proc.stdout and "executor:" in proc.stdout
+    assert "EMULATED" in proc.stdout and "executor:" in proc.stdout and "single-user" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["jobs"] >= 4 and summary["completed"] == summary["jobs"] and summary["failed"] == 0
     assert summary["preempted"] >= 1 and summary["resumed"] >= 1
@@ -45,6 +45,7 @@ def test_up_and_down_start_and_stop_a_local_cluster(tmp_path: Path) -> None:
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         assert "export HOPSMGR_URL=" in up.stdout
+        assert "single-user: every job runs as" in up.stdout  # no [[users]] with Unix accounts
         again = subprocess.run(
             [*run, "up", "--config", str(config), "--dir", "lc"],
             cwd=tmp_path,

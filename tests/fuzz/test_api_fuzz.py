@@ -56,7 +56,7 @@ PY = sys.executable
 TERMINAL = ("COMPLETED", "FAILED", "CANCELLED")
 IDENTITY = ("id", "name", "tenant", "user", "gpus", "submitted")  # never change once stored
 FINAL = (*IDENTITY, "state", "reason", "restarts")  # a finished job changes no more
-GROUPS = ("job", "node", "submit", "tokens", "heartbeat", "read")
+GROUPS = ("job", "node", "submit", "tokens", "users", "heartbeat", "read")
 EXAMPLES = 150  # per group of operations
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -74,6 +74,8 @@ def group_of(method: str, path: str) -> str:
         return "submit"
     if path == "/api/v1/tokens":
         return "tokens"
+    if path.startswith(("/api/v1/users", "/api/v1/tokens/")):
+        return "users"
     if path == "/api/v1/agents/heartbeat":
         return "heartbeat"
     return "read"
@@ -208,10 +210,15 @@ def dump(value: Any, ascii_only: bool = True) -> str:
 
 SUBMIT_KEYS = (
     "command", "gpus", "batch_size", "iterations", "samples", "name", "tenant", "params", "workdir", "env",
-    "launcher",
+    "launcher", "mem_mb", "cpus",
 )  # fmt: skip
 BEAT_KEYS = ("node", "gpu_type", "gpus", "device_mode", "workdir", "protocol", "running", "finished")
-KEYS_OF = {"submit": SUBMIT_KEYS, "tokens": ("user", "tenant", "admin"), "heartbeat": BEAT_KEYS}
+KEYS_OF = {
+    "submit": SUBMIT_KEYS,
+    "tokens": ("user", "tenant", "admin"),
+    "users": ("name", "tenant", "unix_user", "role"),
+    "heartbeat": BEAT_KEYS,
+}
 
 
 def bodies(group: str) -> st.SearchStrategy[bytes]:

@@ -49,6 +49,13 @@ ROUTES = [  # every (method, path) the master serves, with a concrete path for t
     ("GET", "/api/v1/tenants", "/api/v1/tenants"),
     ("GET", "/api/v1/cluster", "/api/v1/cluster"),
     ("POST", "/api/v1/tokens", "/api/v1/tokens"),
+    ("GET", "/api/v1/tokens", "/api/v1/tokens"),
+    ("DELETE", "/api/v1/tokens/{token}", "/api/v1/tokens/0123456789abcdef"),
+    ("GET", "/api/v1/users", "/api/v1/users"),
+    ("POST", "/api/v1/users", "/api/v1/users"),
+    ("GET", "/api/v1/users/{user}", "/api/v1/users/ana"),
+    ("POST", "/api/v1/users/{user}", "/api/v1/users/ana"),
+    ("DELETE", "/api/v1/users/{user}", "/api/v1/users/ana"),
     ("POST", "/api/v1/agents/heartbeat", "/api/v1/agents/heartbeat"),
 ]
 PUBLIC = [("GET", "/healthz"), ("GET", "/api/v1/openapi.json")]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hopsmgr.master.identity import principal_for
 from hopsmgr.master.store import MIGRATIONS, Store, hash_token
+from tests.master.conftest import Backend
 
 USERS_MIGRATION = 3  # the migration that adds users (1-based, as PRAGMA user_version counts)
 
@@ -63,8 +64,8 @@ def test_old_tokens_become_users_and_keep_working(tmp_path: Path) -> None:
     store.close()
 
 
-def test_put_user_moves_its_tokens_and_delete_revokes_them(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_put_user_moves_its_tokens_and_delete_revokes_them(backend: Backend) -> None:
+    store = backend.open()
     store.put_user("ana", "vision", "ana", "user", 1.0)
     token_id = store.add_token("t" * 43, "ana", "vision", False, 2.0)
     store.put_user("ana", "nlp", "ana", "tenant-admin", 3.0)
@@ -72,7 +73,7 @@ def test_put_user_moves_its_tokens_and_delete_revokes_them(tmp_path: Path) -> No
     assert who is not None and (who.tenant, who.tenant_admin) == ("nlp", True)
     assert store.token_by_id(token_id) == {"id": token_id, "user": "ana", "tenant": "nlp", "created": 2.0}
     store.close()
-    store = Store(tmp_path / "s.db")  # durable
+    store = backend.open()  # durable
     assert store.user("ana") == {
         "name": "ana",
         "tenant": "nlp",

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
+import shlex
 import sys
 import time
 import urllib.parse
@@ -25,7 +27,7 @@ from hopsmgr.cli import render
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ModelError, RequirementSet
-from hopsmgr.protocol import Submission, WireError, parse_submission
+from hopsmgr.protocol import CHECKPOINT_SIGNALS, Submission, WireError, parse_submission
 
 API = "/api/v1"
 DEFAULT_RNUM = 4
@@ -96,6 +98,91 @@ def _positive_number(text: str) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """`--time`: 90s, 30m, 2h, 1d, or Slurm's forms: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    value = text.strip().lower()
+    bad = argparse.ArgumentTypeError(
+        f"expected a duration such as 30m, 2h, 1d, 90 (minutes), 1:30:00 or 1-12:00, got {text!r}"
+    )
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", value)
+    if m:
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value)
+        if not m:
+            raise bad
+        days, a, b, c = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        if days is not None:  # D-HH[:MM[:SS]]
+            seconds = int(days) * 86400 + a * 3600 + int(b or 0) * 60 + int(c or 0)
+        elif c is not None:  # HH:MM:SS
+            seconds = a * 3600 + int(b or 0) * 60 + int(c)
+        elif b is not None:  # MM:SS
+            seconds = a * 60 + int(b)
+        else:  # MINUTES
+            seconds = a * 60
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise bad
+    return seconds
+
+
+DIRECTIVE = "#HOPS"
+
+
+def script_directives(path: str) -> list[str]:
+    """The options of the `#HOPS ...` lines at the head of a script (like `#SBATCH`): after an optional
+    `#!` line, the lines up to the first that is neither blank nor a comment."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            lines = fh.read(1 << 16).splitlines()
+    except OSError:
+        return []
+    options: list[str] = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if number == 1 and text.startswith("#!"):
+            continue
+        if text and not text.startswith("#"):
+            break
+        if text.startswith(DIRECTIVE) and (len(text) == len(DIRECTIVE) or text[len(DIRECTIVE)].isspace()):
+            try:
+                options += shlex.split(text[len(DIRECTIVE) :], comments=True)
+            except ValueError as exc:
+                raise UsageError(f"{path} line {number}: {exc}: {line!r}") from None
+    return options
+
+
+def with_script_directives(
+    parser: argparse.ArgumentParser, argv: list[str], args: argparse.Namespace
+) -> argparse.Namespace:
+    """`hopsmgr submit job.sh`: parse the script's `#HOPS` options before the command line's, so the
+    command line wins (argparse keeps the last value of an option)."""
+    command = [c for c in getattr(args, "command", None) or [] if c != "--"][:1]
+    if getattr(args, "api_func", None) is not cmd_submit or not command or not Path(command[0]).is_file():
+        return args
+    options = script_directives(command[0])
+    if not options:
+        return args
+    if "--" in options or any(not o.startswith("-") and i == 0 for i, o in enumerate(options)):
+        raise UsageError(f"{command[0]}: #HOPS lines hold options only, got {' '.join(options)!r}")
+    at = argv.index("submit")
+    merged = parser.parse_args([*argv[: at + 1], *options, *argv[at + 1 :]])
+    merged.directives = options
+    return merged
+
+
+def _nonnegative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep:
@@ -154,6 +241,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(
             "argument command: missing the command to run, give it after --, e.g. -- python train.py"
         )
+    if args.gpus is None:
+        raise UsageError("argument --gpus: required (on the command line or in a #HOPS line of the script)")
     spec: GpusArg = args.gpus
     if spec.span is None:
         if args.rnum is not None:
@@ -166,27 +255,70 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             counts = list(RequirementSet.span(*spec.span, args.rnum or DEFAULT_RNUM).counts)
         except ModelError as exc:
             raise UsageError(f"argument --gpus: {exc} (got {spec.text!r})") from None
+    if args.no_runtime:
+        for given_flag, value in (
+            ("--batch-size", args.batch_size),
+            ("--iters", args.iters),
+            ("--samples", args.samples),
+        ):
+            if value is not None:
+                raise UsageError(
+                    f"argument {given_flag}: a --no-runtime job takes no {given_flag}: its work is its run time"
+                    " (--time, else the cluster's scheduler.default_run_s)"
+                )
+    else:
+        if args.batch_size is None:
+            raise UsageError("argument --batch-size: required (unless --no-runtime)")
+        if args.iters is None and args.samples is None:
+            raise UsageError("one of the arguments --iters --samples is required (unless --no-runtime)")
+        for given_flag, value in (("--checkpoint-signal", args.checkpoint_signal), ("--grace", args.grace)):
+            if value is not None:
+                raise UsageError(
+                    f"argument {given_flag}: applies only with --no-runtime (the runtime checkpoints itself)"
+                )
+    if args.grace is not None and args.checkpoint_signal is None:
+        raise UsageError("argument --grace: needs --checkpoint-signal (the signal the grace period follows)")
+    workdir = args.workdir
+    if getattr(args, "directives", None) is not None:
+        command = _script_command(command)
+        if workdir is None:
+            workdir = os.getcwd()  # a script with #HOPS lines runs where it was submitted, as sbatch does
     given: dict[str, Any] = {
         key: value
         for key, value in (
+            ("batch_size", args.batch_size),
+            ("runtime", False if args.no_runtime else None),
+            ("time_s", args.time),
+            ("checkpoint_signal", args.checkpoint_signal),
+            ("grace_s", args.grace),
             ("iterations", args.iters),
             ("samples", args.samples if args.iters is None else None),
             ("name", args.name),
             ("tenant", args.tenant),
             ("params", args.params),
-            ("workdir", args.workdir),
+            ("workdir", workdir),
             ("launcher", args.launcher),
             ("env", dict(args.env) if args.env else None),
         )
         if value is not None
     }
-    sub = Submission(command=tuple(command), gpus=tuple(counts), batch_size=args.batch_size, **given)
+    sub = Submission(command=tuple(command), gpus=tuple(counts), **given)
     body = sub.to_json()
     try:  # the master's own schema: refuse here what it would refuse, naming the field
         parse_submission(body)
     except WireError as exc:
         raise UsageError(f"{exc.field}: {exc.message}") from None
     return body
+
+
+def _script_command(command: list[str]) -> list[str]:
+    """A script submitted with #HOPS lines (`hopsmgr submit job.sh`) runs by its absolute path."""
+    first = command[0]
+    if not os.access(first, os.X_OK):
+        raise UsageError(
+            f"{first} is not executable: chmod +x {first} (it runs as a program, with its #! line)"
+        )
+    return [os.path.abspath(first), *command[1:]]
 
 
 def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
@@ -393,12 +525,14 @@ def register(subparsers: Any) -> None:
         "submit a job; prints its id",
         common,
         check=submit_body,
-        usage="%(prog)s --gpus SPEC --batch-size B (--iters N | --samples N) [options] -- CMD [ARGS ...]",
-        description="Submit a job. The command after -- runs as an argv list (never through a shell).",
+        usage="%(prog)s --gpus SPEC (--batch-size B (--iters N | --samples N) | --no-runtime) [options]"
+        " (-- CMD [ARGS ...] | SCRIPT [ARGS ...])",
+        description="Submit a job. The command after -- runs as an argv list (never through a shell). "
+        "A script given as the command may hold options in '#HOPS ...' lines at its head (after the #! line, "
+        "before the first line that is not a comment); options on the command line win.",
     )
     submit.add_argument(
         "--gpus",
-        required=True,
         type=parse_gpus,
         metavar="SPEC",
         help="GPU counts the job accepts: 4, or a list 1,2,4, or a range 2-8 expanded to --rnum counts",
@@ -411,16 +545,40 @@ def register(subparsers: Any) -> None:
     )
     submit.add_argument(
         "--batch-size",
-        required=True,
         type=_positive_int,
         metavar="B",
         help="per-GPU batch size: an iteration at the smallest GPU count R1 processes B x R1 samples",
     )
-    work = submit.add_mutually_exclusive_group(required=True)
+    work = submit.add_mutually_exclusive_group()
     work.add_argument(
         "--iters", type=_positive_number, metavar="N", help="iterations at the smallest GPU count"
     )
     work.add_argument("--samples", type=_positive_number, metavar="N", help="total samples of work")
+    submit.add_argument(
+        "--no-runtime",
+        action="store_true",
+        help="the command does not use hopsmgr.runtime: no profiling run, placed from the servers' "
+        "calibration; never preempted unless --checkpoint-signal",
+    )
+    submit.add_argument(
+        "--time",
+        type=parse_duration,
+        metavar="DURATION",
+        help="time limit (2h, 30m, 1-12:00, ...): the job fails past it; with --no-runtime also its "
+        "expected run time (default: the cluster's scheduler.default_run_s)",
+    )
+    submit.add_argument(
+        "--checkpoint-signal",
+        choices=list(CHECKPOINT_SIGNALS),
+        help="with --no-runtime: the signal on which the script saves its own checkpoint and exits; "
+        "the job may then be preempted",
+    )
+    submit.add_argument(
+        "--grace",
+        type=_nonnegative_number,
+        metavar="SECONDS",
+        help="with --checkpoint-signal: how long the script may take to exit before SIGTERM",
+    )
     submit.add_argument("--tenant", help="tenant (default: the token's)")
     submit.add_argument("--name", help="label (default: the command's basename)")
     submit.add_argument("--params", type=_positive_number, metavar="P", help="model parameters (e.g. 25e6)")

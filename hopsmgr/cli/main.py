@@ -165,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        args = commands.with_script_directives(parser, list(sys.argv[1:] if argv is None else argv), args)
+    except commands.UsageError as exc:
+        print(f"hopsmgr submit: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         return int(args.func(args))
     except (runner.SimInputError, ConfigError, TraceError, ModelError) as exc:
         print(f"hopsmgr: error: {exc}", file=sys.stderr)

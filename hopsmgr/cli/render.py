@@ -241,6 +241,7 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("planner note", value_text(doc.get("note"))),
         ("unplaceable", value_text(doc.get("unplaceable"))),
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
+        ("no runtime", value_text(doc.get("without_runtime"))),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

@@ -51,6 +51,7 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
     }
     if plan.kind == "fragment":
         desired = {**current, **{j: c for j, c in desired.items() if j not in current}}
+    desired.update(views.pinned_placements(state))  # never preempted: they keep what they hold
     profile_runs: dict[str, ProfilingRun] = {}
     for r in runs:
         job = state.jobs.get(r.job_id)
@@ -229,7 +230,11 @@ def _end_run(
         return
     job.attempt = None
     lost = reason in ("node_lost", "vanished", "launch_failed")
-    if code == 0 and not lost:
+    # a command without the runtime has no exit code that says "checkpointed": after its checkpoint
+    # signal, exit 0 means it saved its own checkpoint and stopped
+    if code == 0 and attempt.stopping and not job.spec.runtime:
+        checkpointed = True
+    if code == 0 and not lost and not checkpointed:
         if job.state == JobState.LAUNCHING:
             m.set_state(job, JobState.RUNNING, "started", "finished before its launch was confirmed")
         job.done_samples = job.spec.total_samples

@@ -54,9 +54,9 @@ from hopsmgr.control.events import (
     StateRestored,
 )
 from hopsmgr.control.records import Attempt, ControlState, Job, Node
-from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import JobSpec, Server, TenantQuota
+from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -254,6 +254,16 @@ class SchedulerMachine:
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
             return Reply(self._stimulus, None, "gpus", message, 422)
+        per_type: dict[str, int] = {}
+        for node in state.nodes.values():
+            per_type[node.server.gpu_type] = per_type.get(node.server.gpu_type, 0) + node.server.gpus
+        if per_type and spec.requirements.minimum > max(per_type.values()):
+            types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
+            message = (
+                f"no placement can ever hold {spec.requirements.minimum} GPUs: a placement uses one GPU"
+                f" type and the largest has {max(per_type.values())} GPUs ({types})"
+            )
+            return Reply(self._stimulus, None, "gpus", message, 422)
         return None
 
     def _submitted(self, event: JobSubmitted) -> None:
@@ -279,10 +289,27 @@ class SchedulerMachine:
         )
         for gpu_type, (profile, calibration) in event.profiles.items():
             self.estimator.add_profile(spec.id, gpu_type, profile, calibration)
-        if not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
+        if not spec.runtime:
+            self.seed_run_time(spec)
+            how = "never preempted" if not spec.preemptible else "preempted with its checkpoint signal"
+            self.set_state(
+                job,
+                JobState.QUEUED,
+                "queued",
+                "no profiling run (the command does not use hopsmgr.runtime): placed from the servers'"
+                f" calibration and its expected run time; {how}",
+            )
+        elif not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
             self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
         self.emit(Reply(self._stimulus, spec.id))
         self.fragment_soon()
+
+    def seed_run_time(self, spec: JobSpec) -> None:
+        """A job without the runtime gets no profiling run: the run-time profile for every GPU type
+        (hopsmgr.core.estimator.RUN_TIME_PROFILE, at nominal calibration: each server's own scales it)."""
+        for gpu_type in sorted(self.state.gpu_types):
+            if not self.estimator.has_profile(spec.id, gpu_type):
+                self.estimator.add_profile(spec.id, gpu_type, RUN_TIME_PROFILE, Calibration())
 
     def _cancelled(self, event: JobCancelled) -> None:
         job = self.state.jobs.get(event.job_id)
@@ -295,6 +322,49 @@ class SchedulerMachine:
             a.stop_reason = "cancelled"
             self.emit_stop(a)
         self.emit(Reply(self._stimulus, job.id))
+
+    def enforce_limits(self) -> None:
+        """Time limits: a job that ran past its `--time` fails, and so does one whose profiling run
+        wrote no profile within `scheduler.profiling_timeout_s`; their attempts are stopped."""
+        for job in list(self.state.jobs.values()):
+            limit = job.spec.time_limit_s
+            if limit is None or job.attempt is None or job.state not in views.PLACED:
+                continue
+            attempt = self.state.attempts[job.attempt]
+            ran = job.running_s + (self._now - attempt.started if attempt.started is not None else 0.0)
+            if ran > limit:
+                self.set_state(
+                    job,
+                    JobState.FAILED,
+                    "walltime",
+                    f"ran {ran:.0f} s, past its --time limit of {limit:.0f} s",
+                )
+                attempt.stop_reason = "walltime"
+                self.emit_stop(attempt)
+        cap = self.settings.scheduler.profiling_timeout_s
+        for attempt in list(self.state.attempts.values()):
+            since = attempt.started if attempt.started is not None else attempt.created
+            if not attempt.profiling or not attempt.launched or attempt.stopping or self._now - since <= cap:
+                continue
+            message = (
+                f"profiling run {attempt.id} on {attempt.primary} wrote no profile within {cap:.0f} s"
+                " (scheduler.profiling_timeout_s): in profile mode the command must use hopsmgr.runtime"
+                " (or one of its integrations), which exits after HOPS_PROFILE_ITERS iterations;"
+                " submit a script without it with --no-runtime"
+            )
+            owner = self.state.jobs.get(attempt.job_id)
+            if owner is not None and owner.state in (JobState.PENDING, JobState.PROFILING):
+                owner.failures += 1
+                others = [self.state.attempts[a] for a in sorted(owner.profiling) if a in self.state.attempts]
+                self.set_state(owner, JobState.FAILED, "failed", message)
+                for other in others:
+                    other.stop_reason = "job_ended"
+                    self.emit_stop(other)
+            else:
+                if owner is not None:
+                    self.note(owner, "profiling_timeout", message)
+                attempt.stop_reason = "job_ended"
+                self.emit_stop(attempt)
 
     def emit_stop(self, attempt: Attempt) -> None:
         """Stop an attempt without a checkpoint; one never launched just ends (its GPUs are free now)."""

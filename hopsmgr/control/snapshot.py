@@ -4,7 +4,9 @@
 over: healthy, undrained nodes give all their usable GPUs; suspect, lost, drained nodes, and nodes a
 command recently could not reach, give only what running jobs already hold (no new placements). GPUs
 of profiling, stopping and waiting attempts are taken out of the capacity; jobs being profiled or
-checkpointed are not planned this time.
+checkpointed are not planned this time. Placed jobs that may not be preempted (`JobSpec.preemptible`
+False: commands without the runtime and without a checkpoint signal) are not planned at all: their
+GPUs are out of the capacity and they keep their placement (`pinned_placements`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,12 @@ def current_placements(state: ControlState) -> dict[JobId, Config]:
     return current
 
 
+def pinned_placements(state: ControlState) -> dict[JobId, Config]:
+    """Placed jobs a plan may not stop, move or resize, and their configurations."""
+    current = current_placements(state)
+    return {j: c for j, c in current.items() if not state.jobs[j].spec.preemptible}
+
+
 def waited_s(job: Job, state: ControlState, now: float) -> float:
     """Time the job has spent not running: since submission, less its attempts' run time (the current
     attempt's included), so a running job's wait does not grow."""
@@ -83,16 +91,19 @@ def job_view(job: Job, state: ControlState, now: float) -> JobView:
 
 def build_snapshot(state: ControlState, now: float, backoff_s: float) -> ClusterSnapshot:
     views: list[JobView] = []
+    pinned = pinned_placements(state)
+    capacity = usable_capacity(state, now, backoff_s)
+    for config in pinned.values():
+        for sid, g in config.parts:
+            capacity[sid] = max(0, capacity.get(sid, 0) - g)
     for job in state.jobs.values():
-        if job.profiling or job.state not in (JobState.QUEUED, *PLACED):
+        if job.profiling or job.state not in (JobState.QUEUED, *PLACED) or job.id in pinned:
             continue
         if job.attempt is not None and state.attempts[job.attempt].stopping:
             continue
         views.append(job_view(job, state, now))
     servers = tuple(n.server for n in state.nodes.values())
-    return ClusterSnapshot(
-        servers, usable_capacity(state, now, backoff_s), tuple(views), now, dict(state.tenants)
-    )
+    return ClusterSnapshot(servers, capacity, tuple(views), now, dict(state.tenants))
 
 
 def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:

@@ -34,6 +34,8 @@ class SchedulerSettings:
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
     cbc_path: str = ""  # the CBC binary; "" = the one PuLP bundles
+    profiling_timeout_s: float = 600.0  # [ours] a profiling run that wrote no profile by then fails its job
+    default_run_s: float = 3600.0  # [ours] expected run time of a job without the runtime and without --time
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -63,6 +65,10 @@ class SchedulerSettings:
             raise bad("raqlr_hours", "must be > 0")
         if not self.min_attempt_s >= 0:
             raise bad("min_attempt_s", "must be >= 0")
+        if not (isinstance(self.profiling_timeout_s, (int, float)) and self.profiling_timeout_s > 0):
+            raise bad("profiling_timeout_s", "must be a number of seconds > 0")
+        if not (isinstance(self.default_run_s, (int, float)) and self.default_run_s > 0):
+            raise bad("default_run_s", "must be a number of seconds > 0")
         if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
             raise bad("cbc_path", "must be a path (a string without NUL)")
 

@@ -388,18 +388,25 @@ class Controller:
             requirements = RequirementSet.of(sub.gpus)
         except ModelError as exc:
             raise RequestError(400, "gpus", str(exc)) from exc
-        if sub.samples is not None:
+        batch_size = sub.batch_size or 1
+        if not sub.runtime:  # work in seconds at nominal speed (hopsmgr.core.estimator.RUN_TIME_PROFILE)
+            run_s = sub.time_s or self.config.scheduler.default_run_s
+            samples = JobSpec.samples_from_iterations(run_s, 1, requirements)
+        elif sub.samples is not None:
             samples = sub.samples
         else:
             assert sub.iterations is not None
-            samples = JobSpec.samples_from_iterations(sub.iterations, sub.batch_size, requirements)
+            samples = JobSpec.samples_from_iterations(sub.iterations, batch_size, requirements)
         now = self.clock()
         try:
             spec = JobSpec(
                 id="j-new",
                 requirements=requirements,
                 total_samples=samples,
-                batch_size=sub.batch_size,
+                batch_size=batch_size,
+                runtime=sub.runtime,
+                preemptible=sub.runtime or sub.checkpoint_signal is not None,
+                time_limit_s=sub.time_s,
                 tenant=tenant,
                 user=who.user,
                 name=sub.name,
@@ -416,7 +423,16 @@ class Controller:
         seq = self.job_seq
         job_id = f"j-{seq:06d}"
         spec = replace(spec, id=job_id)
-        payload = JobPayload(seq, sub.name, tuple(sub.command), dict(sub.env), sub.workdir, sub.launcher)
+        payload = JobPayload(
+            seq,
+            sub.name,
+            tuple(sub.command),
+            dict(sub.env),
+            sub.workdir,
+            sub.launcher,
+            sub.checkpoint_signal,
+            sub.grace_s,
+        )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_later(0.002, self._store_submissions)

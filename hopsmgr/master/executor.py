@@ -50,6 +50,7 @@ class LaunchOrder:
     checkpoint_dir: str = ""
     profile_iters: int = 20
     emulated_speed: float | None = None
+    block_sigusr1: bool = True  # False: a job without the runtime that saves its checkpoint on SIGUSR1
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +66,13 @@ class Executor(Protocol):
     async def launch(self, target: NodeTarget, order: LaunchOrder) -> None: ...
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None: ...
 
     async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None: ...
@@ -94,6 +101,8 @@ def launch_args(target: NodeTarget, order: LaunchOrder) -> list[str]:
         args += ["--cwd", order.cwd]
     if order.emulated_speed is not None:
         args += ["--emulated-speed", repr(order.emulated_speed)]
+    if not order.block_sigusr1:
+        args += ["--sigusr1-unblocked"]
     for key, value in sorted(order.env.items()):
         args += ["--env", f"{key}={value}"]
     return [*args, "--", *order.argv]
@@ -153,7 +162,13 @@ class LocalExecutor:
         await self._wrapper(launch_args(target, order))
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         args = [
             *wrapper_args("checkpoint", target, attempt, epoch),
@@ -161,6 +176,8 @@ class LocalExecutor:
             str(wait_s),
             "--grace",
             str(grace_s),
+            "--signal",
+            signal_name,
         ]
         return exit_info(await self._wrapper(args, wait_s + grace_s + 30))
 

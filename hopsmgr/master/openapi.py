@@ -132,6 +132,7 @@ EXPLAIN = answer(
         "placement": Nullable(PLACEMENT),
         "unplaceable": Nullable(TEXT),
         "profiled_types": Arr(TEXT, MANY),
+        "without_runtime": Nullable(TEXT),  # how a job without hopsmgr.runtime is scheduled
         "estimates": Map(Num(), keys=NODE_ID, max_items=MANY, description="samples/s at R1 per node"),
         "reason": Nullable(TEXT),
         "quota": TENANT,

@@ -239,10 +239,16 @@ class SshExecutor:
         await self._run(target, launch_args(target, order))
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         args = [*wrapper_args("checkpoint", target, attempt, epoch), "--wait", str(wait_s)]
-        args += ["--grace", str(grace_s)]
+        args += ["--grace", str(grace_s), "--signal", signal_name]
         return exit_info(await self._run(target, args, wait_s + grace_s + 30))
 
     async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None:

@@ -43,6 +43,8 @@ class JobPayload:
     env: dict[str, str]
     workdir: str
     launcher: str
+    checkpoint_signal: str | None = None  # a job without the runtime: its checkpoint signal, if any
+    grace_s: float | None = None  # and how long it may take to save before SIGTERM
 
 
 @dataclass(slots=True)
@@ -122,6 +124,9 @@ def spec_json(s: JobSpec) -> dict[str, Any]:
         "params_bytes": s.params_bytes,
         "restart_s": s.restart_s,
         "model": s.model,
+        "runtime": s.runtime,
+        "preemptible": s.preemptible,
+        "time_limit_s": s.time_limit_s,
     }
 
 
@@ -139,7 +144,11 @@ def job_row(job: Job, payload: JobPayload) -> Row:
         "state": job.state.value,
         "submitted": job.submitted,
         "state_since": job.state_since,
-        "spec": spec_json(job.spec),
+        "spec": {
+            **spec_json(job.spec),
+            "checkpoint_signal": payload.checkpoint_signal,
+            "grace_s": payload.grace_s,
+        },
         "command": list(payload.command),
         "env": payload.env,
         "workdir": payload.workdir,
@@ -165,6 +174,9 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         params_bytes=s["params_bytes"],
         submit_time=row["submitted"],
         restart_s=s["restart_s"],
+        runtime=s.get("runtime", True),
+        preemptible=s.get("preemptible", True),
+        time_limit_s=s.get("time_limit_s"),
     )
     job = Job(
         spec=spec,
@@ -183,6 +195,8 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         env=dict(row["env"]),
         workdir=row["workdir"],
         launcher=row["launcher"],
+        checkpoint_signal=s.get("checkpoint_signal"),
+        grace_s=s.get("grace_s"),
     )
     return job, payload
 

@@ -5,7 +5,8 @@ more (so it is nobody's child to reap), records itself in `monitor.json`, starts
 new session with stdout and stderr appended to `log`, writes `child.json` and `pid`, waits, kills what
 is left of the job's process group, and writes `exit.json`. The job starts with SIGUSR1 blocked, so
 processes that do not use hopsmgr.runtime ignore checkpoint requests instead of dying from them; the
-runtime takes the signal with `sigwait`.
+runtime takes the signal with `sigwait`. A job without the runtime whose checkpoint signal is SIGUSR1
+(`block_sigusr1` false in its spec) starts with it unblocked, for its own handler.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def child_env(overlay: dict[str, str]) -> dict[str, str]:
 
 
 def _start(a: Attempt, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    how = signal.SIG_BLOCK if spec.get("block_sigusr1", True) else signal.SIG_UNBLOCK
+    blocked = signal.pthread_sigmask(how, {signal.SIGUSR1})
     try:
         with open(a.log, "ab") as log:
             return subprocess.Popen(

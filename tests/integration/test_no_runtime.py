@@ -1,0 +1,76 @@
+"""Scripts that do not use hopsmgr.runtime, on a real local cluster (master and agent processes, the
+CLI): `hopsmgr submit job.sh` with `#HOPS` lines and `--no-runtime` runs without a profiling run and
+completes; explain says how it was placed; a submission no placement can hold is refused with the
+reason; a profiling run of a script that never writes a profile is cut off after
+`scheduler.profiling_timeout_s` with the reason, long before the script would end."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import PYTHON, LocalCluster, Node
+
+SCRIPT = f"""#!/bin/sh
+#HOPS --gpus 1 --no-runtime
+#HOPS --time 10m --name plain-script
+echo "started in $(pwd) with HOPS_GPUS=$HOPS_GPUS"
+{PYTHON} -c 'print("step", 1); print("step", 2)'
+echo done
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        tmp_path, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], scheduler="profiling_timeout_s = 3"
+    )
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+def test_a_script_without_the_runtime_runs_from_its_hops_lines_without_profiling(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = tmp_path / "job.sh"
+    script.write_text(SCRIPT)
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    job_id = cluster.cli("submit", "job.sh").stdout.strip()
+    job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
+    assert job["state"] == "COMPLETED", job
+    assert job["name"] == "plain-script" and job["workdir"] == str(tmp_path)
+    assert [a for a in job["attempts"] if a["profiling"]] == []
+    kinds = [h["kind"] for h in job["history"]]
+    assert "profiling" not in kinds and kinds[-1] == "completed"
+    queued = next(h for h in job["history"] if h["kind"] == "queued")
+    assert "no profiling run" in queued["message"]
+    log = cluster.api("GET", f"/api/v1/jobs/{job_id}/logs")["log"]
+    assert f"started in {tmp_path} with HOPS_GPUS=1" in log and "done" in log
+    explain = cluster.cli("explain", job_id).stdout
+    assert "no profile (the command does not use hopsmgr.runtime)" in explain
+    assert "expected run time of 600 s (its --time); never preempted" in explain
+
+
+def test_a_job_no_placement_can_hold_is_refused_at_submit(cluster: LocalCluster) -> None:
+    proc = cluster.cli("submit", "--gpus", "3", "--no-runtime", "--", "true", check=False)
+    assert proc.returncode == 1
+    assert "gpus: no placement can ever hold 3 GPUs" in proc.stderr
+    assert "(k80: 2, v100: 2)" in proc.stderr
+    assert cluster.api("GET", "/api/v1/jobs?state=PENDING&state=QUEUED")["jobs"] == []
+
+
+def test_a_profiling_run_that_never_writes_a_profile_fails_after_the_timeout(cluster: LocalCluster) -> None:
+    t0 = time.monotonic()
+    job_id = cluster.cli(
+        "submit", "--gpus", "1", "--batch-size", "8", "--iters", "10", "--",
+        PYTHON, "-c", "import time; time.sleep(120)",
+    ).stdout.strip()  # fmt: skip
+    job = cluster.wait_state(job_id, "FAILED", timeout=60)
+    assert time.monotonic() - t0 < 60
+    assert "wrote no profile within 3 s" in job["reason"] and "--no-runtime" in job["reason"]

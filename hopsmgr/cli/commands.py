@@ -468,8 +468,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if args.api_check is not None:
             args.api_check(args)  # local validation before anything else, so nothing is sent
-        conn = resolve_connection(args.url, args.token, args.client_config)
-        return args.api_func(args, ApiClient(conn.url, conn.token))
+        conn = resolve_connection(args.url, args.token, args.client_config, ca=args.ca)
+        return args.api_func(args, ApiClient(conn.url, conn.token, context=conn.ssl_context()))
     except UsageError as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
@@ -495,6 +495,12 @@ def _common_options() -> argparse.ArgumentParser:
         "--client-config",
         metavar="FILE",
         help="client TOML with url and token or token_file (default ~/.config/hopsmgr/client.toml)",
+    )
+    group.add_argument(
+        "--ca",
+        metavar="FILE",
+        help="CA certificate to verify an https:// master with (else $HOPSMGR_CA, client.toml ca_file, "
+        "the system's trust store)",
     )
     group.add_argument("--json", action="store_true", help="print the API's JSON answer")
     return common
@@ -624,7 +630,7 @@ def register(subparsers: Any) -> None:
         subparsers,
         "nodes",
         cmd_nodes,
-        "list the nodes; `nodes show NODE`, `nodes calibrate NODE`",
+        "list the nodes; `nodes show NODE`, `nodes calibrate NODE`, `nodes add NODE` (admin: trust its SSH host key)",
         common,
         check=_check_nodes,
     )

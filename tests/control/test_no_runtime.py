@@ -156,3 +156,15 @@ def test_a_job_no_placement_can_ever_hold_is_refused_with_the_reason() -> None:
     (ok,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j4", (4, 5)))))
     assert ok.error is None
     h.close()
+
+
+def test_a_log_excerpt_leads_with_the_last_line() -> None:
+    from hopsmgr.control.acting import log_excerpt
+
+    log = "Traceback (most recent call last):\n  File \"x.py\", line 1\n\nKeyError: 'lr'\n"
+    text = log_excerpt(log)
+    assert text.splitlines()[0] == "KeyError: 'lr'"
+    assert text.endswith("KeyError: 'lr'") and "Traceback (most recent call last):" in text
+    assert log_excerpt("") == "" and log_excerpt("one line\n") == "one line"
+    long = "\n".join(f"line {i} " + "x" * 100 for i in range(100))
+    assert len(log_excerpt(long)) < 1700 and log_excerpt(long).startswith("line 99")

@@ -6,6 +6,8 @@ reason; a profiling run of a script that never writes a profile is cut off after
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,3 +76,34 @@ def test_a_profiling_run_that_never_writes_a_profile_fails_after_the_timeout(clu
     job = cluster.wait_state(job_id, "FAILED", timeout=60)
     assert time.monotonic() - t0 < 60
     assert "wrote no profile within 3 s" in job["reason"] and "--no-runtime" in job["reason"]
+
+
+def test_a_failure_reason_quotes_the_last_lines_of_the_log_not_the_first(cluster: LocalCluster) -> None:
+    code = "print('loading data'); print('epoch 1'); import json; json.loads('{broken')"
+    job_id = cluster.cli("submit", "--gpus", "1", "--no-runtime", "--", PYTHON, "-c", code).stdout.strip()
+    job = cluster.wait_state(job_id, "FAILED", timeout=60)
+    first, *rest = job["reason"].splitlines()
+    assert "exited with 1: json.decoder.JSONDecodeError: Expecting property name" in first, job["reason"]
+    assert rest[0] == "last lines of the log:" and "JSONDecodeError" in rest[-1]
+    assert "loading data" not in job["reason"]  # the log's first lines are not the reason
+    shown = cluster.cli("show", job_id).stdout
+    assert "JSONDecodeError" in shown.split("reason:", 1)[1].splitlines()[0]
+
+
+def test_logs_follow_streams_into_a_pipe_while_the_job_runs(cluster: LocalCluster) -> None:
+    code = "import time\nfor i in range(200):\n    print('tick', i, flush=True)\n    time.sleep(0.1)\n"
+    job_id = cluster.cli("submit", "--gpus", "1", "--no-runtime", "--", PYTHON, "-c", code).stdout.strip()
+    cluster.wait_state(job_id, "RUNNING")
+    env = {**os.environ, "HOPSMGR_URL": cluster.url, "HOPSMGR_TOKEN": cluster.admin_token}
+    follow = subprocess.Popen(
+        [PYTHON, "-m", "hopsmgr.cli.main", "logs", "-f", job_id], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert follow.stdout is not None
+        first = follow.stdout.readline()  # a pipe, not a terminal: the CLI must flush what it prints
+        assert first.startswith("tick "), first
+        assert cluster.job(job_id)["state"] == "RUNNING"  # it arrived while the job still ran
+    finally:
+        follow.kill()
+        follow.communicate()
+    cluster.cli("cancel", job_id)

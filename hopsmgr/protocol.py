@@ -19,6 +19,7 @@ from hopsmgr.schema import Arr, Bool, Int, Map, Nullable, Num, Obj, Str, WireErr
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "DrainRequest",
     "FinishedAttempt",
     "Heartbeat",
     "HeartbeatReply",
@@ -27,6 +28,7 @@ __all__ = [
     "Submission",
     "TokenRequest",
     "WireError",
+    "parse_drain_request",
     "parse_heartbeat",
     "parse_heartbeat_reply",
     "parse_submission",
@@ -405,3 +407,20 @@ TOKEN_REQUEST = Obj(
 
 def parse_token_request(value: object) -> TokenRequest:
     return TOKEN_REQUEST.check(value, "")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequest:
+    """Admin -> master (POST /api/v1/nodes/{node}/drain, body optional): why the node is drained."""
+
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+
+DRAIN_REQUEST = Obj("DrainRequest", {"reason": Str(max_len=512)}, build=DrainRequest)
+
+
+def parse_drain_request(value: object) -> DrainRequest:
+    return DRAIN_REQUEST.check(value, "")

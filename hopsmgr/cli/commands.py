@@ -435,11 +435,13 @@ def cmd_nodes(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def _drain_text(doc: dict[str, Any]) -> str:
-    return f"{doc.get('id')}: {'drained' if doc.get('drained') else 'not drained'}"
+    reason = f" ({doc['drain_reason']})" if doc.get("drained") and doc.get("drain_reason") else ""
+    return f"{doc.get('id')}: {'drained' if doc.get('drained') else 'not drained'}{reason}"
 
 
 def cmd_drain(args: argparse.Namespace, client: ApiClient) -> int:
-    return _emit(args, client.post(_node_path(args.node, "/drain")), _drain_text)
+    body = {"reason": args.reason} if args.reason else {}
+    return _emit(args, client.post(_node_path(args.node, "/drain"), body), _drain_text)
 
 
 def cmd_undrain(args: argparse.Namespace, client: ApiClient) -> int:
@@ -642,11 +644,11 @@ def register(subparsers: Any) -> None:
     )
     nodes.add_argument("--fingerprint", help="with add: trust the key only if it has this SHA256 fingerprint")
     nodes.set_defaults(func=_nodes_entry)
-    for name, func, help_text in (
-        ("drain", cmd_drain, "stop placing jobs on a node (admin)"),
-        ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),
-    ):
-        _add(subparsers, name, func, help_text, common).add_argument("node", help="node id")
+    drain = _add(subparsers, "drain", cmd_drain, "stop placing jobs on a node (admin)", common)
+    drain.add_argument("node", help="node id")
+    drain.add_argument("--reason", help="why (shown by `nodes`, e.g. 'GPU 2 ECC errors')")
+    undrain = _add(subparsers, "undrain", cmd_undrain, "place jobs on a drained node again (admin)", common)
+    undrain.add_argument("node", help="node id")
     _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps and use", common)
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)
 

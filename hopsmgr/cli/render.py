@@ -290,6 +290,11 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
             )
         )
     out = table(headers, rows)
+    reasons = [
+        f"{n.get('id')}: {n['drain_reason']}" for n in nodes if n.get("drained") and n.get("drain_reason")
+    ]
+    if reasons:
+        out += "\n\ndrained:\n" + "\n".join(f"  {r}" for r in reasons)
     errors = [f"{n.get('id')}: {n['command_error']}" for n in nodes if n.get("command_error")]
     if errors:  # a node the master could not reach takes no new work for a while
         out += "\n\ncommand errors:\n" + "\n".join(f"  {e}" for e in errors)

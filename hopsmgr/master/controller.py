@@ -50,6 +50,7 @@ from hopsmgr.master.state import (
     JobPayload,
     NodeRecord,
     attempt_seq,
+    drain_reason_key,
     job_row,
     load_attempt,
     load_job,
@@ -178,6 +179,7 @@ class Controller:
                 continue
             if row["drained"]:
                 drained.add(node.id)
+                node.drain_reason = self.store.meta(drain_reason_key(node.id), "")
             node.workdir, node.device_mode = row["workdir"], row["device_mode"]
             if row["calibration"]:
                 node.calibration = Calibration(

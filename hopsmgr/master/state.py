@@ -63,6 +63,7 @@ class NodeRecord:
     exec_error: str = (
         ""  # the last command that could not reach or act on it (SSH unreachable, auth, host key)
     )
+    drain_reason: str = ""  # why an operator drained it (`hopsmgr drain NODE --reason ...`)
 
     @property
     def id(self) -> str:
@@ -114,6 +115,11 @@ class NodeRecord:
             "agent_version": self.agent_version,
             "last_beat": self.last_beat,
         }
+
+
+def drain_reason_key(node_id: str) -> str:
+    """Where a node's drain reason is stored (the meta table: the nodes table has no column for it)."""
+    return f"drain_reason:{node_id}"
 
 
 def spec_json(s: JobSpec) -> dict[str, Any]:

@@ -211,6 +211,7 @@ def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
         "gpus": node.usable_gpus,
         "health": node.health,
         "drained": node.drained,
+        "drain_reason": node.drain_reason or None,
         "emulated": node.device_mode == "emulated",
         "device_mode": node.device_mode,
         "calibration": {**calibration_json(cal), "source": cal.source},

@@ -269,6 +269,7 @@ class Submission:
     time_s: float | None = None
     checkpoint_signal: str | None = None
     grace_s: float | None = None
+    after: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
@@ -374,6 +375,12 @@ SUBMISSION = Obj(
             enum=CHECKPOINT_SIGNALS, description="without the runtime: the signal that asks for a checkpoint"
         ),
         "grace_s": Num(0.0, 86400.0, description="seconds from the checkpoint signal to SIGTERM"),
+        "after": Arr(
+            Str(max_len=16, pattern=JOB_ID_PATTERN),
+            64,
+            unique=True,
+            description="jobs that must complete before this one starts",
+        ),
     },
     required=("command", "gpus"),
     build=_submission,

@@ -173,6 +173,13 @@ def with_script_directives(
     return merged
 
 
+def _job_ids(text: str) -> tuple[str, ...]:
+    ids = tuple(part.strip() for part in text.split(","))
+    if not ids or any(not re.fullmatch(r"j-[0-9]{6,9}", j) for j in ids):
+        raise argparse.ArgumentTypeError(f"expected job ids such as j-000042 (comma-separated), got {text!r}")
+    return ids
+
+
 def _nonnegative_number(text: str) -> float:
     try:
         value = float(text)
@@ -291,6 +298,7 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             ("time_s", args.time),
             ("checkpoint_signal", args.checkpoint_signal),
             ("grace_s", args.grace),
+            ("after", tuple(dict.fromkeys(j for group in args.after for j in group)) if args.after else None),
             ("iterations", args.iters),
             ("samples", args.samples if args.iters is None else None),
             ("name", args.name),
@@ -586,6 +594,13 @@ def register(subparsers: Any) -> None:
         type=_nonnegative_number,
         metavar="SECONDS",
         help="with --checkpoint-signal: how long the script may take to exit before SIGTERM",
+    )
+    submit.add_argument(
+        "--after",
+        type=_job_ids,
+        action="append",
+        metavar="JOB[,JOB...]",
+        help="start only once these jobs completed (repeatable); one that fails or is cancelled cancels this job",
     )
     submit.add_argument("--tenant", help="tenant (default: the token's)")
     submit.add_argument("--name", help="label (default: the command's basename)")

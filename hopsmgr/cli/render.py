@@ -242,6 +242,7 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("unplaceable", value_text(doc.get("unplaceable"))),
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("no runtime", value_text(doc.get("without_runtime"))),
+        ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

@@ -186,6 +186,9 @@ class SchedulerMachine:
         if new not in LIVE:
             self.state.pop_job(job.id)
             self.estimator.forget(job.id)
+            if new != JobState.COMPLETED:  # --after: what waits for it can never start
+                for other in [j for j in self.state.jobs.values() if job.id in j.spec.after]:
+                    self.cancel_job(other, f"{job.id}, which it runs after, ended {new.value}")
 
     def expected_run_s(self, job: Job) -> float | None:
         """The job's age (hopsmgr.core.priority.expected_run_s) with the estimator's rates: the one formula."""
@@ -274,6 +277,7 @@ class SchedulerMachine:
             self.emit(refused)
             return
         job = Job(spec, JobState.PENDING, self._now, self._now)
+        waits = state.waits_for(job)
         state.add_job(job)
         self._records.append(
             JobChange(
@@ -301,6 +305,8 @@ class SchedulerMachine:
             )
         elif not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
             self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
+        if waits:
+            self.note(job, "waiting", f"runs after {', '.join(waits)} completes")
         self.emit(Reply(self._stimulus, spec.id))
         self.fragment_soon()
 
@@ -316,12 +322,18 @@ class SchedulerMachine:
         if job is None:
             self.emit(Reply(self._stimulus, event.job_id, "id", f"job {event.job_id} is not live", 409))
             return
+        self.cancel_job(job, f"by {event.by}" if event.by else "")
+        self.emit(Reply(self._stimulus, job.id))
+
+    def cancel_job(self, job: Job, message: str) -> None:
+        """CANCELLED, and every attempt of the job stopped."""
+        if job.id not in self.state.jobs:
+            return
         attempts = [a for a in self.state.attempts.values() if a.job_id == job.id]
-        self.set_state(job, JobState.CANCELLED, "cancelled", f"by {event.by}" if event.by else "")
+        self.set_state(job, JobState.CANCELLED, "cancelled", message)
         for a in attempts:
             a.stop_reason = "cancelled"
             self.emit_stop(a)
-        self.emit(Reply(self._stimulus, job.id))
 
     def enforce_limits(self) -> None:
         """Time limits: a job that ran past its `--time` fails, and so does one whose profiling run
@@ -488,6 +500,8 @@ class SchedulerMachine:
         starving = set()
         if s.profiling:
             for job in state.jobs.values():
+                if state.waits_for(job):  # --after: not even profiled before its dependencies end
+                    continue
                 if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
                     if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
                         job.id

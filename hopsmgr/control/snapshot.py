@@ -99,6 +99,8 @@ def build_snapshot(state: ControlState, now: float, backoff_s: float) -> Cluster
     for job in state.jobs.values():
         if job.profiling or job.state not in (JobState.QUEUED, *PLACED) or job.id in pinned:
             continue
+        if job.state == JobState.QUEUED and state.waits_for(job):  # --after: its dependencies run
+            continue
         if job.attempt is not None and state.attempts[job.attempt].stopping:
             continue
         views.append(job_view(job, state, now))

@@ -171,6 +171,7 @@ class JobSpec:
     runtime: bool = True
     preemptible: bool = True  # False: once placed, never stopped, moved or shrunk by a plan
     time_limit_s: float | None = None  # walltime: the job fails once it ran this long
+    after: tuple[JobId, ...] = ()  # jobs that must complete first (a failed or cancelled one cancels this)
 
     def __post_init__(self) -> None:
         if not self.id:

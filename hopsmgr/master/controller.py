@@ -399,6 +399,7 @@ class Controller:
         else:
             assert sub.iterations is not None
             samples = JobSpec.samples_from_iterations(sub.iterations, batch_size, requirements)
+        after = self._dependencies(who, sub.after)
         now = self.clock()
         try:
             spec = JobSpec(
@@ -409,6 +410,7 @@ class Controller:
                 runtime=sub.runtime,
                 preemptible=sub.runtime or sub.checkpoint_signal is not None,
                 time_limit_s=sub.time_s,
+                after=after,
                 tenant=tenant,
                 user=who.user,
                 name=sub.name,
@@ -474,6 +476,23 @@ class Controller:
             self.dispatch(commands)
             if not future.done():
                 future.set_result(None)
+
+    def _dependencies(self, who: Principal, after: tuple[str, ...]) -> tuple[str, ...]:
+        """The jobs of `after` still to wait for; refused: one the submitter cannot see, or one that
+        ended without completing (this job could never start)."""
+        waiting = []
+        for dep in after:
+            try:
+                row = self.visible(who, dep)
+            except RequestError:
+                raise RequestError(422, "after", f"no job {dep!r} to wait for") from None
+            if dep in self.machine.state.jobs:
+                waiting.append(dep)
+            elif row["state"] != JobState.COMPLETED.value:
+                raise RequestError(
+                    422, "after", f"job {dep} ended {row['state']}: a job after it could never start"
+                )
+        return tuple(waiting)
 
     def visible(self, who: Principal, job_id: str) -> Row:
         row = self.store.job(job_id)

@@ -134,6 +134,7 @@ EXPLAIN = answer(
         "unplaceable": Nullable(TEXT),
         "profiled_types": Arr(TEXT, MANY),
         "without_runtime": Nullable(TEXT),  # how a job without hopsmgr.runtime is scheduled
+        "waits_for": Arr(JOB_ID, 64),  # --after: the dependencies still live
         "estimates": Map(Num(), keys=NODE_ID, max_items=MANY, description="samples/s at R1 per node"),
         "reason": Nullable(TEXT),
         "quota": TENANT,

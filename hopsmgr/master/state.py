@@ -133,6 +133,7 @@ def spec_json(s: JobSpec) -> dict[str, Any]:
         "runtime": s.runtime,
         "preemptible": s.preemptible,
         "time_limit_s": s.time_limit_s,
+        "after": list(s.after),
     }
 
 
@@ -183,6 +184,7 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         runtime=s.get("runtime", True),
         preemptible=s.get("preemptible", True),
         time_limit_s=s.get("time_limit_s"),
+        after=tuple(s.get("after", ())),
     )
     job = Job(
         spec=spec,

@@ -152,6 +152,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         if not spec.get("runtime", True)
         else sorted(ctl.estimator.profiled_types(row["id"])),
         "without_runtime": _without_runtime(spec),
+        "waits_for": [d for d in spec.get("after", []) if d in ctl.machine.state.jobs],
         "estimates": estimates(ctl, row["id"]),
         "reason": summary["reason"],
         "quota": tenant_view(ctl, tenant),

@@ -168,3 +168,28 @@ def test_a_log_excerpt_leads_with_the_last_line() -> None:
     assert log_excerpt("") == "" and log_excerpt("one line\n") == "one line"
     long = "\n".join(f"line {i} " + "x" * 100 for i in range(100))
     assert len(log_excerpt(long)) < 1700 and log_excerpt(long).startswith("line 99")
+
+
+def test_a_job_after_another_waits_for_it_and_is_cancelled_when_it_fails() -> None:
+    h = Harness(servers=(Server("s1", "v100", 4, order=1),))
+    first = start(h, no_runtime("first", gpus=1))
+    out = h.feed(JobSubmitted(h.stimulus(), replace(no_runtime("second", gpus=1), after=("first",))))
+    assert any("runs after first completes" in getattr(r, "message", "") for r in h.records(out))
+    chained = replace(no_runtime("third", gpus=1), after=("second",))
+    h.feed(JobSubmitted(h.stimulus(), chained))
+    for _ in range(3):  # idle GPUs, yet neither is placed while what it runs after is live
+        h.now += 60.0
+        out = h.feed(RoundTick(h.stimulus(), "first"))
+        assert {c.job_id for c in h.of(LaunchAttempt, out)} <= {"first"}
+    h.feed(AttemptEnded(h.stimulus(), first.attempt_id, "exited", 0))
+    h.now += 60.0
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    (second,) = h.of(LaunchAttempt, out)
+    assert second.job_id == "second" and h.machine.state.jobs["third"].state == JobState.QUEUED
+    h.feed(AttemptStarted(h.stimulus(), second.attempt_id))
+    out = h.feed(AttemptEnded(h.stimulus(), second.attempt_id, "exited", 1))
+    cancelled = [r for r in h.records(out) if getattr(r, "new", None) == JobState.CANCELLED]
+    assert [r.job_id for r in cancelled] == ["third"]
+    assert "second, which it runs after, ended FAILED" in cancelled[0].message
+    assert h.machine.state.jobs == {}
+    h.close()

@@ -107,3 +107,29 @@ def test_logs_follow_streams_into_a_pipe_while_the_job_runs(cluster: LocalCluste
         follow.kill()
         follow.communicate()
     cluster.cli("cancel", job_id)
+
+
+def test_after_starts_a_job_once_its_dependency_completed_and_refuses_a_failed_one(
+    cluster: LocalCluster,
+) -> None:
+    def submit(*args: str, code: str = "import time; time.sleep(1)") -> str:
+        argv = ["submit", "--gpus", "1", "--no-runtime", *args, "--", PYTHON, "-c", code]
+        return cluster.cli(*argv).stdout.strip()
+
+    first = submit(code="import time; time.sleep(8)")
+    second = submit("--after", first)
+    explain = cluster.cli("explain", second).stdout
+    if cluster.job(first)["state"] != "COMPLETED":  # (a slow machine may take 8 s to get here)
+        assert f"waits for:      {first}" in explain, explain
+    done = cluster.wait_state(second, "COMPLETED", "FAILED", "CANCELLED", timeout=90)
+    assert done["state"] == "COMPLETED", done
+    ended_first = cluster.job(first)["attempts"][-1]["ended"]
+    assert done["attempts"][0]["started"] >= ended_first  # it waited for the first to end
+    failing = submit(code="raise SystemExit(3)")
+    cluster.wait_state(failing, "FAILED")
+    proc = cluster.cli("submit", "--gpus", "1", "--no-runtime", "--after", failing, "--", "true", check=False)
+    assert proc.returncode == 1 and f"after: job {failing} ended FAILED" in proc.stderr, proc.stderr
+    proc = cluster.cli(
+        "submit", "--gpus", "1", "--no-runtime", "--after", "j-999999", "--", "true", check=False
+    )
+    assert proc.returncode == 1 and "after: no job 'j-999999'" in proc.stderr, proc.stderr

@@ -89,6 +89,12 @@ def wrapper_args(command: str, target: NodeTarget, attempt: str, epoch: int | No
     return args
 
 
+def signal_args(signal_name: str) -> list[str]:
+    """`--signal NAME` for the wrapper's checkpoint, left out for its default SIGUSR1 (so a node whose
+    wrapper predates the option still takes every checkpoint of a job that uses the runtime)."""
+    return [] if signal_name == "SIGUSR1" else ["--signal", signal_name]
+
+
 def launch_args(target: NodeTarget, order: LaunchOrder) -> list[str]:
     args = wrapper_args("launch", target, order.attempt, order.epoch)
     args += ["--job", order.job, "--mode", order.mode, "--gpus", str(order.gpus)]
@@ -176,8 +182,7 @@ class LocalExecutor:
             str(wait_s),
             "--grace",
             str(grace_s),
-            "--signal",
-            signal_name,
+            *signal_args(signal_name),
         ]
         return exit_info(await self._wrapper(args, wait_s + grace_s + 30))
 

@@ -61,6 +61,7 @@ from hopsmgr.master.executor import (
     NodeTarget,
     exit_info,
     launch_args,
+    signal_args,
     wrapper_args,
 )
 
@@ -249,7 +250,7 @@ class SshExecutor:
         signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         args = [*wrapper_args("checkpoint", target, attempt, epoch), "--wait", str(wait_s)]
-        args += ["--grace", str(grace_s), "--signal", signal_name]
+        args += ["--grace", str(grace_s), *signal_args(signal_name)]
         return exit_info(await self._run(target, args, wait_s + grace_s + 30))
 
     async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None:

@@ -335,49 +335,6 @@ class SchedulerMachine:
             a.stop_reason = "cancelled"
             self.emit_stop(a)
 
-    def enforce_limits(self) -> None:
-        """Time limits: a job that ran past its `--time` fails, and so does one whose profiling run
-        wrote no profile within `scheduler.profiling_timeout_s`; their attempts are stopped."""
-        for job in list(self.state.jobs.values()):
-            limit = job.spec.time_limit_s
-            if limit is None or job.attempt is None or job.state not in views.PLACED:
-                continue
-            attempt = self.state.attempts[job.attempt]
-            ran = job.running_s + (self._now - attempt.started if attempt.started is not None else 0.0)
-            if ran > limit:
-                self.set_state(
-                    job,
-                    JobState.FAILED,
-                    "walltime",
-                    f"ran {ran:.0f} s, past its --time limit of {limit:.0f} s",
-                )
-                attempt.stop_reason = "walltime"
-                self.emit_stop(attempt)
-        cap = self.settings.scheduler.profiling_timeout_s
-        for attempt in list(self.state.attempts.values()):
-            since = attempt.started if attempt.started is not None else attempt.created
-            if not attempt.profiling or not attempt.launched or attempt.stopping or self._now - since <= cap:
-                continue
-            message = (
-                f"profiling run {attempt.id} on {attempt.primary} wrote no profile within {cap:.0f} s"
-                " (scheduler.profiling_timeout_s): in profile mode the command must use hopsmgr.runtime"
-                " (or one of its integrations), which exits after HOPS_PROFILE_ITERS iterations;"
-                " submit a script without it with --no-runtime"
-            )
-            owner = self.state.jobs.get(attempt.job_id)
-            if owner is not None and owner.state in (JobState.PENDING, JobState.PROFILING):
-                owner.failures += 1
-                others = [self.state.attempts[a] for a in sorted(owner.profiling) if a in self.state.attempts]
-                self.set_state(owner, JobState.FAILED, "failed", message)
-                for other in others:
-                    other.stop_reason = "job_ended"
-                    self.emit_stop(other)
-            else:
-                if owner is not None:
-                    self.note(owner, "profiling_timeout", message)
-                attempt.stop_reason = "job_ended"
-                self.emit_stop(attempt)
-
     def emit_stop(self, attempt: Attempt) -> None:
         """Stop an attempt without a checkpoint; one never launched just ends (its GPUs are free now)."""
         if not attempt.launched:

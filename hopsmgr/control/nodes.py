@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hopsmgr.control import limits
 from hopsmgr.control.commands import CheckpointAndStop, NodeReply, Reply
 from hopsmgr.control.events import (
     AttemptProgressed,
@@ -71,7 +72,7 @@ def on_health(m: SchedulerMachine, event: HealthTick) -> None:
                 m.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
         elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
             node.health = NodeHealth.SUSPECT
-    m.enforce_limits()
+    limits.enforce_limits(m)
 
 
 def on_node_changed(m: SchedulerMachine, event: NodeChanged) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.cli.commands import parse_duration
+from hopsmgr.cli.scripts import parse_duration
 from hopsmgr.protocol import parse_submission
 
 from .conftest import GOOD_TOKEN, FakeMaster, Result

@@ -19,6 +19,7 @@ from hopsmgr.schema import Arr, Bool, Int, Map, Nullable, Num, Obj, Str, WireErr
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "DrainRequest",
     "FinishedAttempt",
     "Heartbeat",
     "HeartbeatReply",
@@ -28,6 +29,7 @@ __all__ = [
     "TokenRequest",
     "UserRequest",
     "WireError",
+    "parse_drain_request",
     "parse_heartbeat",
     "parse_heartbeat_reply",
     "parse_submission",
@@ -239,13 +241,24 @@ MAX_PARAMS = 1e13
 ENV_NAME = "[A-Za-z_][A-Za-z0-9_]{0,127}"
 
 
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
+MAX_TIME_S = 366 * 86400.0
+
+
 @dataclass(frozen=True, slots=True)
 class Submission:
-    """User -> master (POST /api/v1/jobs): a job to run. `name` defaults to the program's basename."""
+    """User -> master (POST /api/v1/jobs): a job to run. `name` defaults to the program's basename.
+
+    With `runtime` (the default) the command uses hopsmgr.runtime: `batch_size` and one of
+    `iterations` and `samples` are required. With `runtime` False it does not: it gets no profiling
+    run, takes none of the three, and is never preempted unless `checkpoint_signal` names the signal
+    it saves its own checkpoint on (then `grace_s` is how long it may take before SIGTERM). `time_s`:
+    the job's time limit (it fails past it); for a job without the runtime also its expected run time.
+    """
 
     command: tuple[str, ...]
     gpus: tuple[int, ...]
-    batch_size: int
+    batch_size: int | None = None
     iterations: float | None = None
     samples: float | None = None
     name: str = ""
@@ -256,13 +269,18 @@ class Submission:
     launcher: str = "plain"
     mem_mb: int | None = None
     cpus: float | None = None
+    runtime: bool = True
+    time_s: float | None = None
+    checkpoint_signal: str | None = None
+    grace_s: float | None = None
+    after: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in ("command", "gpus", "batch_size") or (value is not None and value != _default(f)):
+            if f.name in ("command", "gpus") or (value is not None and value != _default(f)):
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -271,10 +289,57 @@ def _default(f: Any) -> Any:
     return f.default_factory() if callable(f.default_factory) else f.default
 
 
+_WORK = ("batch_size", "iterations", "samples")
+_SIGNAL = ("checkpoint_signal", "grace_s")
+
+
 def _submission(**given: Any) -> Submission:
+    if given.get("runtime", True):
+        if "batch_size" not in given:
+            raise WireError("batch_size", "is required (unless runtime is false)")
+        if ("iterations" in given) == ("samples" in given):
+            raise WireError(
+                "iterations", "give exactly one of iterations and samples (unless runtime is false)"
+            )
+        for key in _SIGNAL:
+            if key in given:
+                raise WireError(key, "applies only to a job without the runtime (runtime false)")
+    else:
+        for key in _WORK:
+            if key in given:
+                raise WireError(
+                    key,
+                    "a job without the runtime (runtime false) takes none of batch_size, iterations and "
+                    "samples: its work is its run time (time_s)",
+                )
+        if "grace_s" in given and "checkpoint_signal" not in given:
+            raise WireError("grace_s", "needs checkpoint_signal (the signal the grace period follows)")
     given.setdefault("name", given["command"][0].rsplit("/", 1)[-1][:128])
     return Submission(**given)
 
+
+def _required(*keys: str) -> list[dict[str, Any]]:
+    return [{"required": [k]} for k in keys]
+
+
+_RULES = (
+    {
+        "anyOf": [
+            {
+                "properties": {"runtime": {"const": True}},
+                "required": ["batch_size"],
+                "oneOf": _required("iterations", "samples"),
+                "not": {"anyOf": _required(*_SIGNAL)},
+            },
+            {
+                "properties": {"runtime": {"const": False}},
+                "required": ["runtime"],
+                "not": {"anyOf": _required(*_WORK)},
+                "anyOf": [{"not": {"required": ["grace_s"]}}, {"required": ["checkpoint_signal"]}],
+            },
+        ]
+    },
+)
 
 SUBMISSION = Obj(
     "Submission",
@@ -306,10 +371,26 @@ SUBMISSION = Obj(
         "launcher": Str(enum=("plain", "torchrun")),
         "mem_mb": Int(1, 1 << 30, description="memory limit of each attempt's cgroup on a node (MiB)"),
         "cpus": Num(positive=True, high=4096.0, description="CPU limit of each attempt's cgroup on a node"),
+        "runtime": Bool(description="the command uses hopsmgr.runtime (default true)"),
+        "time_s": Num(
+            positive=True,
+            high=MAX_TIME_S,
+            description="time limit; without the runtime also the expected run time",
+        ),
+        "checkpoint_signal": Str(
+            enum=CHECKPOINT_SIGNALS, description="without the runtime: the signal that asks for a checkpoint"
+        ),
+        "grace_s": Num(0.0, 86400.0, description="seconds from the checkpoint signal to SIGTERM"),
+        "after": Arr(
+            Str(max_len=16, pattern=JOB_ID_PATTERN),
+            64,
+            unique=True,
+            description="jobs that must complete before this one starts",
+        ),
     },
-    required=("command", "gpus", "batch_size"),
-    one_of=("iterations", "samples"),
+    required=("command", "gpus"),
     build=_submission,
+    rules=_RULES,
 )
 
 
@@ -379,3 +460,20 @@ USER_CHANGE = Obj("UserChange", dict(USER_FIELDS), build=UserRequest)
 
 def parse_user_request(value: object, *, new: bool) -> UserRequest:
     return (NEW_USER if new else USER_CHANGE).check(value, "")
+
+
+@dataclass(frozen=True, slots=True)
+class DrainRequest:
+    """Admin -> master (POST /api/v1/nodes/{node}/drain, body optional): why the node is drained."""
+
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return _json(self)
+
+
+DRAIN_REQUEST = Obj("DrainRequest", {"reason": Str(max_len=512)}, build=DrainRequest)
+
+
+def parse_drain_request(value: object) -> DrainRequest:
+    return DRAIN_REQUEST.check(value, "")

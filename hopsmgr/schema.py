@@ -248,8 +248,9 @@ class Obj(Spec):
     fields: dict[str, Spec]
     required: tuple[str, ...] = ()
     one_of: tuple[str, ...] = ()  # exactly one of these keys must be given
-    build: Callable[..., Any] | None = None
+    build: Callable[..., Any] | None = None  # may raise WireError for rules across fields
     description: str = ""
+    rules: tuple[JsonSchema, ...] = ()  # those rules in JSON Schema (`allOf`), for the document
 
     def check(self, value: object, name: str) -> Any:
         if not isinstance(value, Mapping):
@@ -278,6 +279,8 @@ class Obj(Spec):
             out["required"] = list(self.required)
         if self.one_of:
             out["oneOf"] = [{"required": [k]} for k in self.one_of]
+        if self.rules:
+            out["allOf"] = list(self.rules)
         return _described(out, self.description)
 
 

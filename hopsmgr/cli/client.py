@@ -2,16 +2,19 @@
 
 `ApiClient.get`/`ApiClient.post` return the decoded JSON answer or raise `ApiError` built from the
 master's `{"error": {"status", "field", "message"}}` body; a master that cannot be reached raises
-`MasterUnreachable` (an `ApiError` with status 0). `resolve_connection` picks the URL and token:
-flags, else the environment (HOPSMGR_URL, HOPSMGR_TOKEN), else the client TOML (`--client-config`,
-default `~/.config/hopsmgr/client.toml`, keys `url` and `token` or `token_file`), else the default URL
-http://127.0.0.1:8470; without a token anywhere it raises `ClientConfigError`.
+`MasterUnreachable` (an `ApiError` with status 0). `resolve_connection` picks the URL, token and CA:
+flags, else the environment (HOPSMGR_URL, HOPSMGR_TOKEN, HOPSMGR_CA), else the client TOML
+(`--client-config`, default `~/.config/hopsmgr/client.toml`, keys `url`, `token` or `token_file`, and
+`ca_file`), else the default URL http://127.0.0.1:8470 and the system's trust store; without a token
+anywhere, or with a CA file it cannot read, it raises `ClientConfigError`.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import ssl
 import sys
 import time
 import urllib.error
@@ -31,7 +34,8 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 DEFAULT_CLIENT_CONFIG = Path("~/.config/hopsmgr/client.toml")
 URL_ENV = "HOPSMGR_URL"
 TOKEN_ENV = "HOPSMGR_TOKEN"
-CLIENT_KEYS = ("url", "token", "token_file")
+CA_ENV = "HOPSMGR_CA"
+CLIENT_KEYS = ("url", "token", "token_file", "ca_file")
 FAILOVER_WAIT_S = 45.0  # how long a request waits for a new leader once a standby answered
 NO_TOKEN = "no API token: pass --token, set HOPSMGR_TOKEN or write token in client.toml"
 
@@ -73,11 +77,14 @@ class ApiClient:
     when no answer came: a submission whose master died after storing it and before answering may be
     stored twice (two job ids; rare)."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = 30) -> None:
+    def __init__(
+        self, url: str, token: str | None, timeout: float = 30, context: ssl.SSLContext | None = None
+    ) -> None:
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         self.url = self.urls[0]
         self.token = token
         self.timeout = timeout
+        self.context = context  # the CA to verify an https master with (None: the system's)
 
     def get(self, path: str, params: Params | None = None) -> Any:
         return self._request("GET", path, params, None)
@@ -132,7 +139,7 @@ class ApiClient:
             headers["Content-Type"] = "application/json"
         request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as answer:
                 raw = answer.read()
         except urllib.error.HTTPError as exc:
             raw_error = exc.read()
@@ -144,13 +151,17 @@ class ApiClient:
                 raise MasterUnreachable(
                     f"no answer from the master at {self.url} within {self.timeout:g} s"
                 ) from None
-            raise MasterUnreachable(f"cannot reach the master at {self.url}: {_reason(reason)}") from None
+            raise MasterUnreachable(
+                f"cannot reach the master at {self.url}: {_reason(reason)}{self._hint(reason)}"
+            ) from None
         except TimeoutError:
             raise MasterUnreachable(
                 f"no answer from the master at {self.url} within {self.timeout:g} s"
             ) from None
-        except (ConnectionError, OSError) as exc:
-            raise MasterUnreachable(f"cannot reach the master at {self.url}: {_reason(exc)}") from None
+        except (ConnectionError, OSError, http.client.HTTPException) as exc:
+            raise MasterUnreachable(
+                f"cannot reach the master at {self.url}: {_reason(exc)}{self._hint(exc)}"
+            ) from None
         if not raw:
             return None
         try:
@@ -159,6 +170,20 @@ class ApiClient:
             raise ApiError(
                 0, None, f"the master at {self.url} answered {method} {path} with non-JSON"
             ) from None
+
+    def _hint(self, error: object) -> str:
+        """What to try: https for an http:// URL the other end hangs up on (a TLS master does), the
+        CA for a certificate that does not verify."""
+        if self.url.startswith("http://") and isinstance(
+            error, (http.client.RemoteDisconnected, http.client.BadStatusLine, ConnectionResetError)
+        ):
+            return f" (a master with TLS closes plain HTTP connections: try {'https://' + self.url[7:]})"
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return (
+                " (the master's certificate does not verify: give its CA with --ca FILE, HOPSMGR_CA or"
+                " ca_file in client.toml)"
+            )
+        return ""
 
 
 def _reason(reason: object) -> str:
@@ -208,6 +233,11 @@ def _error_from(status: int, reason: str, raw: bytes) -> ApiError:
 class Connection:
     url: str
     token: str
+    ca_file: str | None = None
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A context trusting `ca_file` (None: urllib's default, the system's trust store)."""
+        return None if self.ca_file is None else load_ca(self.ca_file, "the CA file")
 
 
 def load_client_config(path: Path) -> dict[str, str]:
@@ -226,12 +256,29 @@ def load_client_config(path: Path) -> dict[str, str]:
         if not isinstance(value, str) or not value.strip():
             raise ClientConfigError(f"{path}: {key}: must be a non-empty string (got {value!r})")
         out[key] = value.strip()
-    if "token_file" in out:
-        token_path = Path(out["token_file"]).expanduser()
-        if not token_path.is_absolute():
-            token_path = path.parent / token_path
-        out["token_file"] = str(token_path)
+    for key in ("token_file", "ca_file"):
+        if key in out:
+            file_path = Path(out[key]).expanduser()
+            if not file_path.is_absolute():
+                file_path = path.parent / file_path
+            out[key] = str(file_path)
     return out
+
+
+def load_ca(path: str, source: str) -> ssl.SSLContext:
+    """An SSL context that trusts the CA certificate(s) in `path`; ClientConfigError naming `source`
+    when the file cannot be read or holds no certificate."""
+    try:
+        data = Path(path).read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise ClientConfigError(
+            f"{source}: cannot read CA file {path}: {exc.strerror or exc} (the CLI needs it to check the"
+            " master's certificate; ask the administrator for a copy you can read)"
+        ) from None
+    try:
+        return ssl.create_default_context(cadata=data)
+    except (ssl.SSLError, ValueError) as exc:
+        raise ClientConfigError(f"{source}: {path} holds no PEM CA certificate: {exc}") from None
 
 
 def _check_url(url: str, source: str) -> str:
@@ -260,6 +307,7 @@ def resolve_connection(
     token: str | None,
     client_config: str | None,
     environ: Mapping[str, str] | None = None,
+    ca: str | None = None,
 ) -> Connection:
     """URL and token from flags, else environment, else the client TOML, else the default URL.
 
@@ -294,4 +342,14 @@ def resolve_connection(
         chosen_token = _read_token_file(file_values["token_file"], config_source)
     else:
         raise ClientConfigError(NO_TOKEN)
-    return Connection(chosen_url, chosen_token)
+
+    if ca:
+        ca_file, ca_source = ca, "argument --ca"
+    elif env.get(CA_ENV, "").strip():
+        ca_file, ca_source = env[CA_ENV].strip(), CA_ENV
+    elif "ca_file" in file_values:
+        ca_file, ca_source = file_values["ca_file"], f"{config_path}: ca_file"
+    else:
+        return Connection(chosen_url, chosen_token)
+    load_ca(ca_file, ca_source)  # refuse an unreadable or empty CA file now, naming where it came from
+    return Connection(chosen_url, chosen_token, ca_file)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -23,9 +24,15 @@ from typing import Any
 
 from hopsmgr.cli import render, users
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
+from hopsmgr.cli.scripts import (
+    UsageError,
+    job_ids,
+    parse_duration,
+    script_command,
+)
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ModelError, RequirementSet
-from hopsmgr.protocol import Submission, WireError, parse_submission
+from hopsmgr.protocol import CHECKPOINT_SIGNALS, Submission, WireError, parse_submission
 
 API = "/api/v1"
 DEFAULT_RNUM = 4
@@ -34,10 +41,6 @@ ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 GPUS_FORMS = "N, N,N,... or LOW-HIGH"
 
 Command = Callable[[argparse.Namespace, ApiClient], int]
-
-
-class UsageError(Exception):
-    """Bad command-line input found after parsing (exit status 2, nothing sent)."""
 
 
 # ----------------------------------------------------------------------------- argument types
@@ -110,6 +113,16 @@ def parse_mem(text: str) -> int:
     return int(mib)
 
 
+def _nonnegative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
 def _env_pair(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep:
@@ -168,6 +181,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(
             "argument command: missing the command to run, give it after --, e.g. -- python train.py"
         )
+    if args.gpus is None:
+        raise UsageError("argument --gpus: required (on the command line or in a #HOPS line of the script)")
     spec: GpusArg = args.gpus
     if spec.span is None:
         if args.rnum is not None:
@@ -180,15 +195,49 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             counts = list(RequirementSet.span(*spec.span, args.rnum or DEFAULT_RNUM).counts)
         except ModelError as exc:
             raise UsageError(f"argument --gpus: {exc} (got {spec.text!r})") from None
+    if args.no_runtime:
+        for given_flag, value in (
+            ("--batch-size", args.batch_size),
+            ("--iters", args.iters),
+            ("--samples", args.samples),
+        ):
+            if value is not None:
+                raise UsageError(
+                    f"argument {given_flag}: a --no-runtime job takes no {given_flag}: its work is its run time"
+                    " (--time, else the cluster's scheduler.default_run_s)"
+                )
+    else:
+        if args.batch_size is None:
+            raise UsageError("argument --batch-size: required (unless --no-runtime)")
+        if args.iters is None and args.samples is None:
+            raise UsageError("one of the arguments --iters --samples is required (unless --no-runtime)")
+        for given_flag, value in (("--checkpoint-signal", args.checkpoint_signal), ("--grace", args.grace)):
+            if value is not None:
+                raise UsageError(
+                    f"argument {given_flag}: applies only with --no-runtime (the runtime checkpoints itself)"
+                )
+    if args.grace is not None and args.checkpoint_signal is None:
+        raise UsageError("argument --grace: needs --checkpoint-signal (the signal the grace period follows)")
+    workdir = args.workdir
+    if getattr(args, "directives", None) is not None:
+        command = script_command(command)
+        if workdir is None:
+            workdir = os.getcwd()  # a script with #HOPS lines runs where it was submitted, as sbatch does
     given: dict[str, Any] = {
         key: value
         for key, value in (
+            ("batch_size", args.batch_size),
+            ("runtime", False if args.no_runtime else None),
+            ("time_s", args.time),
+            ("checkpoint_signal", args.checkpoint_signal),
+            ("grace_s", args.grace),
+            ("after", tuple(dict.fromkeys(j for group in args.after for j in group)) if args.after else None),
             ("iterations", args.iters),
             ("samples", args.samples if args.iters is None else None),
             ("name", args.name),
             ("tenant", args.tenant),
             ("params", args.params),
-            ("workdir", args.workdir),
+            ("workdir", workdir),
             ("launcher", args.launcher),
             ("mem_mb", args.mem),
             ("cpus", args.cpus),
@@ -196,7 +245,7 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
         )
         if value is not None
     }
-    sub = Submission(command=tuple(command), gpus=tuple(counts), batch_size=args.batch_size, **given)
+    sub = Submission(command=tuple(command), gpus=tuple(counts), **given)
     body = sub.to_json()
     try:  # the master's own schema: refuse here what it would refuse, naming the field
         parse_submission(body)
@@ -319,11 +368,13 @@ def cmd_nodes(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def _drain_text(doc: dict[str, Any]) -> str:
-    return f"{doc.get('id')}: {'drained' if doc.get('drained') else 'not drained'}"
+    reason = f" ({doc['drain_reason']})" if doc.get("drained") and doc.get("drain_reason") else ""
+    return f"{doc.get('id')}: {'drained' if doc.get('drained') else 'not drained'}{reason}"
 
 
 def cmd_drain(args: argparse.Namespace, client: ApiClient) -> int:
-    return _emit(args, client.post(_node_path(args.node, "/drain")), _drain_text)
+    body = {"reason": args.reason} if args.reason else {}
+    return _emit(args, client.post(_node_path(args.node, "/drain"), body), _drain_text)
 
 
 def cmd_undrain(args: argparse.Namespace, client: ApiClient) -> int:
@@ -373,8 +424,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if args.api_check is not None:
             args.api_check(args)  # local validation before anything else, so nothing is sent
-        conn = resolve_connection(args.url, args.token, args.client_config)
-        return args.api_func(args, ApiClient(conn.url, conn.token))
+        conn = resolve_connection(args.url, args.token, args.client_config, ca=args.ca)
+        return args.api_func(args, ApiClient(conn.url, conn.token, context=conn.ssl_context()))
     except UsageError as exc:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
@@ -400,6 +451,12 @@ def _common_options() -> argparse.ArgumentParser:
         "--client-config",
         metavar="FILE",
         help="client TOML with url and token or token_file (default ~/.config/hopsmgr/client.toml)",
+    )
+    group.add_argument(
+        "--ca",
+        metavar="FILE",
+        help="CA certificate to verify an https:// master with (else $HOPSMGR_CA, client.toml ca_file, "
+        "the system's trust store)",
     )
     group.add_argument("--json", action="store_true", help="print the API's JSON answer")
     return common
@@ -430,12 +487,14 @@ def register(subparsers: Any) -> None:
         "submit a job; prints its id",
         common,
         check=submit_body,
-        usage="%(prog)s --gpus SPEC --batch-size B (--iters N | --samples N) [options] -- CMD [ARGS ...]",
-        description="Submit a job. The command after -- runs as an argv list (never through a shell).",
+        usage="%(prog)s --gpus SPEC (--batch-size B (--iters N | --samples N) | --no-runtime) [options]"
+        " (-- CMD [ARGS ...] | SCRIPT [ARGS ...])",
+        description="Submit a job. The command after -- runs as an argv list (never through a shell). "
+        "A script given as the command may hold options in '#HOPS ...' lines at its head (after the #! line, "
+        "before the first line that is not a comment); options on the command line win.",
     )
     submit.add_argument(
         "--gpus",
-        required=True,
         type=parse_gpus,
         metavar="SPEC",
         help="GPU counts the job accepts: 4, or a list 1,2,4, or a range 2-8 expanded to --rnum counts",
@@ -448,16 +507,47 @@ def register(subparsers: Any) -> None:
     )
     submit.add_argument(
         "--batch-size",
-        required=True,
         type=_positive_int,
         metavar="B",
         help="per-GPU batch size: an iteration at the smallest GPU count R1 processes B x R1 samples",
     )
-    work = submit.add_mutually_exclusive_group(required=True)
+    work = submit.add_mutually_exclusive_group()
     work.add_argument(
         "--iters", type=_positive_number, metavar="N", help="iterations at the smallest GPU count"
     )
     work.add_argument("--samples", type=_positive_number, metavar="N", help="total samples of work")
+    submit.add_argument(
+        "--no-runtime",
+        action="store_true",
+        help="the command does not use hopsmgr.runtime: no profiling run, placed from the servers' "
+        "calibration; never preempted unless --checkpoint-signal",
+    )
+    submit.add_argument(
+        "--time",
+        type=parse_duration,
+        metavar="DURATION",
+        help="time limit (2h, 30m, 1-12:00, ...): the job fails past it; with --no-runtime also its "
+        "expected run time (default: the cluster's scheduler.default_run_s)",
+    )
+    submit.add_argument(
+        "--checkpoint-signal",
+        choices=list(CHECKPOINT_SIGNALS),
+        help="with --no-runtime: the signal on which the script saves its own checkpoint and exits; "
+        "the job may then be preempted",
+    )
+    submit.add_argument(
+        "--grace",
+        type=_nonnegative_number,
+        metavar="SECONDS",
+        help="with --checkpoint-signal: how long the script may take to exit before SIGTERM",
+    )
+    submit.add_argument(
+        "--after",
+        type=job_ids,
+        action="append",
+        metavar="JOB[,JOB...]",
+        help="start only once these jobs completed (repeatable); one that fails or is cancelled cancels this job",
+    )
     submit.add_argument("--tenant", help="tenant (default: the token's)")
     submit.add_argument("--name", help="label (default: the command's basename)")
     submit.add_argument("--params", type=_positive_number, metavar="P", help="model parameters (e.g. 25e6)")
@@ -510,7 +600,7 @@ def register(subparsers: Any) -> None:
         subparsers,
         "nodes",
         cmd_nodes,
-        "list the nodes; `nodes show NODE`, `nodes calibrate NODE`",
+        "list the nodes; `nodes show NODE`, `nodes calibrate NODE`, `nodes add NODE` (admin: trust its SSH host key)",
         common,
         check=_check_nodes,
     )
@@ -522,11 +612,11 @@ def register(subparsers: Any) -> None:
     )
     nodes.add_argument("--fingerprint", help="with add: trust the key only if it has this SHA256 fingerprint")
     nodes.set_defaults(func=_nodes_entry)
-    for name, func, help_text in (
-        ("drain", cmd_drain, "stop placing jobs on a node (admin)"),
-        ("undrain", cmd_undrain, "place jobs on a drained node again (admin)"),
-    ):
-        _add(subparsers, name, func, help_text, common).add_argument("node", help="node id")
+    drain = _add(subparsers, "drain", cmd_drain, "stop placing jobs on a node (admin)", common)
+    drain.add_argument("node", help="node id")
+    drain.add_argument("--reason", help="why (shown by `nodes`, e.g. 'GPU 2 ECC errors')")
+    undrain = _add(subparsers, "undrain", cmd_undrain, "place jobs on a drained node again (admin)", common)
+    undrain.add_argument("node", help="node id")
     quota = _add(subparsers, "quota", cmd_quota, "tenants' guarantees, caps, use and fair share", common)
     quota.add_argument("--history", action="store_true", help="also each tenant's decayed use over time")
     _add(subparsers, "cluster", cmd_cluster, "cluster summary", common)

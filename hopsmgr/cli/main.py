@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.cli import commands, daemon, local
+from hopsmgr.cli import commands, daemon, local, scripts
 from hopsmgr.config import ConfigError
 from hopsmgr.core.model import ModelError
 from hopsmgr.policies.registry import POLICY_NAMES
@@ -164,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        args = scripts.with_script_directives(parser, list(sys.argv[1:] if argv is None else argv), args)
+    except scripts.UsageError as exc:
+        print(f"hopsmgr submit: error: {exc}", file=sys.stderr)
+        return 2
     try:
         return int(args.func(args))
     except (runner.SimInputError, ConfigError, TraceError, ModelError) as exc:

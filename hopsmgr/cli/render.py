@@ -245,6 +245,8 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("planner note", value_text(doc.get("note"))),
         ("unplaceable", value_text(doc.get("unplaceable"))),
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
+        ("no runtime", value_text(doc.get("without_runtime"))),
+        ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]
@@ -293,6 +295,11 @@ def nodes_table(nodes: Sequence[Mapping[str, Any]]) -> str:
             )
         )
     out = table(headers, rows)
+    reasons = [
+        f"{n.get('id')}: {n['drain_reason']}" for n in nodes if n.get("drained") and n.get("drain_reason")
+    ]
+    if reasons:
+        out += "\n\ndrained:\n" + "\n".join(f"  {r}" for r in reasons)
     errors = [f"{n.get('id')}: {n['command_error']}" for n in nodes if n.get("command_error")]
     if errors:  # a node the master could not reach takes no new work for a while
         out += "\n\ncommand errors:\n" + "\n".join(f"  {e}" for e in errors)

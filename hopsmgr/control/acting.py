@@ -41,6 +41,19 @@ def exit_text(code: int | None) -> str:
     return f"was killed by signal {-code}{name}"
 
 
+def log_excerpt(tail: str, lines: int = 10, limit: int = 1500) -> str:
+    """A failure reason from the end of a job's log: its last line first (a traceback's exception),
+    then its last `lines` lines (at most `limit` characters), never the log's first lines."""
+    kept = [line.rstrip() for line in tail.splitlines() if line.strip()]
+    if not kept:
+        return ""
+    last = kept[-1].strip()
+    body = "\n".join(kept[-lines:])
+    if len(body) > limit:
+        body = "..." + body[-limit:]
+    return last if len(kept) == 1 else f"{last}\nlast lines of the log:\n{body}"
+
+
 def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) -> int:
     """Act on `plan`; returns the number of actions (0 when the plan no longer fits the state)."""
     state = m.state
@@ -52,6 +65,7 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
     }
     if plan.kind == "fragment":
         desired = {**current, **{j: c for j, c in desired.items() if j not in current}}
+    desired.update(views.pinned_placements(state))  # never preempted: they keep what they hold
     profile_runs: dict[str, ProfilingRun] = {}
     for r in runs:
         job = state.jobs.get(r.job_id)
@@ -201,7 +215,7 @@ def _end_profiling(
             tail = "it exited 0 without writing a profile: the command must use hopsmgr.runtime"
     if failed and job.state in (JobState.PENDING, JobState.PROFILING):
         how = "could not start" if reason == "launch_error" else f"failed (exit {code})"
-        message = f"profiling run on {node.server.id} {how}: {tail[-1500:]}".strip()
+        message = f"profiling run on {node.server.id} {how}: {log_excerpt(tail)}".strip()
         job.failures += 1
         others = [a for a in m.state.attempts.values() if a.id in job.profiling]
         m.set_state(job, JobState.FAILED, "failed", message)
@@ -214,7 +228,7 @@ def _end_profiling(
         why = (
             "profiled"
             if profiled
-            else f"profiling run {attempt.id} on {node.server.id} {reason}: {tail[-300:]}"
+            else f"profiling run {attempt.id} on {node.server.id} {reason}: {log_excerpt(tail, 3, 300)}"
         )
         m.set_state(job, JobState.QUEUED, "queued", why.strip())
 
@@ -234,7 +248,11 @@ def _end_run(
         return
     job.attempt = None
     lost = reason in ("node_lost", "vanished", "launch_failed")
-    if code == 0 and not lost:
+    # a command without the runtime has no exit code that says "checkpointed": after its checkpoint
+    # signal, exit 0 means it saved its own checkpoint and stopped
+    if code == 0 and attempt.stopping and not job.spec.runtime:
+        checkpointed = True
+    if code == 0 and not lost and not checkpointed:
         if job.state == JobState.LAUNCHING:
             m.set_state(job, JobState.RUNNING, "started", "finished before its launch was confirmed")
         job.done_samples = job.spec.total_samples
@@ -252,12 +270,12 @@ def _end_run(
             job.node_losses += 1
         how = "checkpointed" if checkpointed else f"{reason} (exit {code})"
         if tail and not checkpointed:
-            how += f": {tail[-300:]}"
+            how += f": {log_excerpt(tail, 3, 300)}"
         resume = "from its checkpoint" if job.has_checkpoint else "from the start"
         m.set_state(job, JobState.QUEUED, "requeued", f"attempt {attempt.id} {how}; resumes {resume}")
     else:
         job.failures += 1
         how = "could not start" if reason == "launch_error" else exit_text(code)
-        tail = tail[-1500:].strip()
+        tail = log_excerpt(tail)
         message = f"attempt {attempt.id} {how}"
         m.set_state(job, JobState.FAILED, "failed", f"{message}: {tail}" if tail else message)

@@ -55,9 +55,9 @@ from hopsmgr.control.events import (
     StateRestored,
 )
 from hopsmgr.control.records import Attempt, ControlState, Job, Node
-from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import JobSpec, Server, TenantQuota
+from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -187,6 +187,9 @@ class SchedulerMachine:
         if new not in LIVE:
             self.state.pop_job(job.id)
             self.estimator.forget(job.id)
+            if new != JobState.COMPLETED:  # --after: what waits for it can never start
+                for other in [j for j in self.state.jobs.values() if job.id in j.spec.after]:
+                    self.cancel_job(other, f"{job.id}, which it runs after, ended {new.value}")
 
     def expected_run_s(self, job: Job) -> float | None:
         """The job's age (hopsmgr.core.priority.expected_run_s) with the estimator's rates: the one formula."""
@@ -255,6 +258,16 @@ class SchedulerMachine:
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
             return Reply(self._stimulus, None, "gpus", message, 422)
+        per_type: dict[str, int] = {}
+        for node in state.nodes.values():
+            per_type[node.server.gpu_type] = per_type.get(node.server.gpu_type, 0) + node.server.gpus
+        if per_type and spec.requirements.minimum > max(per_type.values()):
+            types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
+            message = (
+                f"no placement can ever hold {spec.requirements.minimum} GPUs: a placement uses one GPU"
+                f" type and the largest has {max(per_type.values())} GPUs ({types})"
+            )
+            return Reply(self._stimulus, None, "gpus", message, 422)
         return None
 
     def _submitted(self, event: JobSubmitted) -> None:
@@ -265,6 +278,7 @@ class SchedulerMachine:
             self.emit(refused)
             return
         job = Job(spec, JobState.PENDING, self._now, self._now)
+        waits = state.waits_for(job)
         state.add_job(job)
         self._records.append(
             JobChange(
@@ -280,22 +294,47 @@ class SchedulerMachine:
         )
         for gpu_type, (profile, calibration) in event.profiles.items():
             self.estimator.add_profile(spec.id, gpu_type, profile, calibration)
-        if not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
+        if not spec.runtime:
+            self.seed_run_time(spec)
+            how = "never preempted" if not spec.preemptible else "preempted with its checkpoint signal"
+            self.set_state(
+                job,
+                JobState.QUEUED,
+                "queued",
+                "no profiling run (the command does not use hopsmgr.runtime): placed from the servers'"
+                f" calibration and its expected run time; {how}",
+            )
+        elif not self.settings.profiling or state.gpu_types <= self.estimator.profiled_types(spec.id):
             self.set_state(job, JobState.QUEUED, "queued", "profiles known at submission")
+        if waits:
+            self.note(job, "waiting", f"runs after {', '.join(waits)} completes")
         self.emit(Reply(self._stimulus, spec.id))
         self.fragment_soon()
+
+    def seed_run_time(self, spec: JobSpec) -> None:
+        """A job without the runtime gets no profiling run: the run-time profile for every GPU type
+        (hopsmgr.core.estimator.RUN_TIME_PROFILE, at nominal calibration: each server's own scales it)."""
+        for gpu_type in sorted(self.state.gpu_types):
+            if not self.estimator.has_profile(spec.id, gpu_type):
+                self.estimator.add_profile(spec.id, gpu_type, RUN_TIME_PROFILE, Calibration())
 
     def _cancelled(self, event: JobCancelled) -> None:
         job = self.state.jobs.get(event.job_id)
         if job is None:
             self.emit(Reply(self._stimulus, event.job_id, "id", f"job {event.job_id} is not live", 409))
             return
+        self.cancel_job(job, f"by {event.by}" if event.by else "")
+        self.emit(Reply(self._stimulus, job.id))
+
+    def cancel_job(self, job: Job, message: str) -> None:
+        """CANCELLED, and every attempt of the job stopped."""
+        if job.id not in self.state.jobs:
+            return
         attempts = [a for a in self.state.attempts.values() if a.job_id == job.id]
-        self.set_state(job, JobState.CANCELLED, "cancelled", f"by {event.by}" if event.by else "")
+        self.set_state(job, JobState.CANCELLED, "cancelled", message)
         for a in attempts:
             a.stop_reason = "cancelled"
             self.emit_stop(a)
-        self.emit(Reply(self._stimulus, job.id))
 
     def emit_stop(self, attempt: Attempt) -> None:
         """Stop an attempt without a checkpoint; one never launched just ends (its GPUs are free now)."""
@@ -424,6 +463,8 @@ class SchedulerMachine:
         starving = set()
         if s.profiling:
             for job in state.jobs.values():
+                if state.waits_for(job):  # --after: not even profiled before its dependencies end
+                    continue
                 if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
                     if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
                         job.id

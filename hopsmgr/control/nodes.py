@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hopsmgr.control import limits
 from hopsmgr.control.commands import CheckpointAndStop, NodeReply, Reply
 from hopsmgr.control.events import (
     AttemptProgressed,
@@ -72,6 +73,7 @@ def on_health(m: SchedulerMachine, event: HealthTick) -> None:
                 m.end_attempt(attempt, reason="node_lost", message=f"node {node.server.id} lost")
         elif since > s.suspect_after_s and node.health == NodeHealth.HEALTHY:
             node.health = NodeHealth.SUSPECT
+    limits.enforce_limits(m)
 
 
 def on_node_changed(m: SchedulerMachine, event: NodeChanged) -> None:
@@ -156,6 +158,8 @@ def on_restored(m: SchedulerMachine, event: StateRestored) -> None:
     for job in event.jobs:
         assert isinstance(job, Job)
         state.add_job(job)
+        if not job.spec.runtime:
+            m.seed_run_time(job.spec)
     for attempt in event.attempts:
         assert isinstance(attempt, Attempt)
         if attempt.job_id not in state.jobs:

@@ -201,5 +201,9 @@ class ControlState:
                     used[sid] = used.get(sid, 0) + g
         return used
 
+    def waits_for(self, job: Job) -> list[JobId]:
+        """The jobs of `job.spec.after` still live: it is neither profiled nor planned until they end."""
+        return [dep for dep in job.spec.after if dep in self.jobs]
+
     def attempts_on(self, node_id: ServerId) -> list[Attempt]:
         return [self.attempts[a] for a in sorted(self.on_node.get(node_id, ()))]

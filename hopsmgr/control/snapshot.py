@@ -4,7 +4,9 @@
 over: healthy, undrained nodes give all their usable GPUs; suspect, lost, drained nodes, and nodes a
 command recently could not reach, give only what running jobs already hold (no new placements). GPUs
 of profiling, stopping and waiting attempts are taken out of the capacity; jobs being profiled or
-checkpointed are not planned this time.
+checkpointed are not planned this time. Placed jobs that may not be preempted (`JobSpec.preemptible`
+False: commands without the runtime and without a checkpoint signal) are not planned at all: their
+GPUs are out of the capacity and they keep their placement (`pinned_placements`).
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def current_placements(state: ControlState) -> dict[JobId, Config]:
     return current
 
 
+def pinned_placements(state: ControlState) -> dict[JobId, Config]:
+    """Placed jobs a plan may not stop, move or resize, and their configurations."""
+    current = current_placements(state)
+    return {j: c for j, c in current.items() if not state.jobs[j].spec.preemptible}
+
+
 def waited_s(job: Job, state: ControlState, now: float) -> float:
     """Time the job has spent not running: since submission, less its attempts' run time (the current
     attempt's included), so a running job's wait does not grow."""
@@ -94,8 +102,15 @@ def build_snapshot(
     state: ControlState, now: float, backoff_s: float, half_life_h: float = 24.0
 ) -> ClusterSnapshot:
     views: list[JobView] = []
+    pinned = pinned_placements(state)
+    capacity = usable_capacity(state, now, backoff_s)
+    for config in pinned.values():
+        for sid, g in config.parts:
+            capacity[sid] = max(0, capacity.get(sid, 0) - g)
     for job in state.jobs.values():
-        if job.profiling or job.state not in (JobState.QUEUED, *PLACED):
+        if job.profiling or job.state not in (JobState.QUEUED, *PLACED) or job.id in pinned:
+            continue
+        if job.state == JobState.QUEUED and state.waits_for(job):  # --after: its dependencies run
             continue
         if job.attempt is not None and state.attempts[job.attempt].stopping:
             continue
@@ -103,7 +118,7 @@ def build_snapshot(
     servers = tuple(n.server for n in state.nodes.values())
     return ClusterSnapshot(
         servers,
-        usable_capacity(state, now, backoff_s),
+        capacity,
         tuple(views),
         now,
         dict(state.tenants),

@@ -75,6 +75,11 @@ class TimeProfile:
 
 _TIME_FIELDS = tuple(f.name for f in fields(TimeProfile) if f.name not in ("p_cache", "pattern"))
 
+# [ours] A job that does not use hopsmgr.runtime has no profile: it counts its work in seconds at
+# nominal speed (batch 1, one "iteration" a second on one nominal GPU), so only the server's compute
+# calibration (and what the type layer learns from its run) tells GPU types and servers apart.
+RUN_TIME_PROFILE = TimeProfile(tf_s=1.0, tb_s=0.0, tu_s=0.0, td_hit_s=0.0, td_miss_s=0.0)
+
 
 def iteration_time(tf: float, tb: float, tu: float, td: float, tw: float, tc: float, pattern: int) -> float:
     """T_iter (HOPS.md 3); pattern 1 overlaps data loading with backward and communication."""

@@ -166,10 +166,18 @@ class JobSpec:
     params_bytes: float = 0.0
     submit_time: float = 0.0
     restart_s: float = 60.0
+    # False: the command does not use hopsmgr.runtime (no profiling run, no progress reports); its work
+    # is its expected run time in seconds at nominal speed (total_samples at batch_size 1, one GPU)
+    runtime: bool = True
+    preemptible: bool = True  # False: once placed, never stopped, moved or shrunk by a plan
+    time_limit_s: float | None = None  # walltime: the job fails once it ran this long
+    after: tuple[JobId, ...] = ()  # jobs that must complete first (a failed or cancelled one cancels this)
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ModelError("job.id must not be empty")
+        if self.time_limit_s is not None and not (math.isfinite(self.time_limit_s) and self.time_limit_s > 0):
+            raise ModelError(f"job {self.id!r}: time_limit_s must be positive, got {self.time_limit_s!r}")
         if not (math.isfinite(self.total_samples) and self.total_samples > 0):
             raise ModelError(f"job {self.id!r}: total work must be positive, got {self.total_samples!r}")
         if not _is_count(self.batch_size):

@@ -120,11 +120,12 @@ def unplaceable_reason(
     known = [t for t in type_gpus if t in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
-    total = sum(type_gpus[t] for t in known)
-    if job.requirements.minimum > total:
+    # placements never mix GPU types: the job must fit the GPUs of one profiled type
+    largest = max(known, key=lambda t: (type_gpus[t], t))
+    if job.requirements.minimum > type_gpus[largest]:
         return (
-            f"smallest requirement {job.requirements.minimum} GPUs exceeds the {total} GPUs of the "
-            "profiled, available servers"
+            f"smallest requirement {job.requirements.minimum} GPUs exceeds the {type_gpus[largest]} GPUs "
+            f"of the largest profiled, available GPU type ({largest}); placements do not mix GPU types"
         )
     return None
 

@@ -41,6 +41,8 @@ class SchedulerSettings:
     fairshare_half_life_h: float = 24.0
     fairshare_strength: float = 5.0  # the factor is 2 ** -(strength x (use share / weight share - 1))
     fairshare_reference: str = ""  # the reference GPU type of use; "" = the type with the most GPUs
+    profiling_timeout_s: float = 600.0  # [ours] a profiling run that wrote no profile by then fails its job
+    default_run_s: float = 3600.0  # [ours] expected run time of a job without the runtime and without --time
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -76,6 +78,10 @@ class SchedulerSettings:
             raise bad("fairshare_strength", "must be a number >= 0")
         if not isinstance(self.fairshare_reference, str):
             raise bad("fairshare_reference", "must be a GPU type name")
+        if not (isinstance(self.profiling_timeout_s, (int, float)) and self.profiling_timeout_s > 0):
+            raise bad("profiling_timeout_s", "must be a number of seconds > 0")
+        if not (isinstance(self.default_run_s, (int, float)) and self.default_run_s > 0):
+            raise bad("default_run_s", "must be a number of seconds > 0")
         if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
             raise bad("cbc_path", "must be a path (a string without NUL)")
 

@@ -62,13 +62,24 @@ class PrivateSshd:
         return (self.root / "sshd.log").read_text(errors="replace")
 
     @classmethod
-    def start(cls, root: Path, timeout: float = 10.0, max_sessions: int = 10) -> PrivateSshd:
+    def start(
+        cls, root: Path, timeout: float = 10.0, max_sessions: int = 10, rsa_host_key: bool = False
+    ) -> PrivateSshd:
         if not available():
             raise SshdError(f"{SSHD} is not installed (apt-get install openssh-server)")
         root.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # sshd's privilege-separation directory (as root)
             Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         host_key = keygen(root / "ssh_host_ed25519_key")
+        extra_keys = []
+        if rsa_host_key:  # a second host key, listed first (as on hosts where ssh-keyscan shows RSA first)
+            rsa = root / "ssh_host_rsa_key"
+            subprocess.run(
+                [KEYGEN, "-q", "-t", "rsa", "-b", "2048", "-N", "", "-f", str(rsa)],
+                check=True,
+                capture_output=True,
+            )
+            extra_keys.append(f"HostKey {rsa}")
         user_key = keygen(root / "id_ed25519")
         (root / "authorized_keys").write_text((root / "id_ed25519.pub").read_text())
         port = free_port()
@@ -78,6 +89,7 @@ class PrivateSshd:
                 [
                     f"Port {port}",
                     "ListenAddress 127.0.0.1",
+                    *extra_keys,
                     f"HostKey {host_key}",
                     f"AuthorizedKeysFile {root / 'authorized_keys'}",
                     "PubkeyAuthentication yes",

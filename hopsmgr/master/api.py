@@ -30,6 +30,7 @@ from hopsmgr.protocol import (
     JOB_ID_PATTERN,
     WireError,
     check_protocol,
+    parse_drain_request,
     parse_heartbeat,
     parse_submission,
     parse_token_request,
@@ -254,7 +255,9 @@ def _drain(drained: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         admin(request)
         ctl = request.app[CTL]
-        return web.json_response(views.node_view(ctl, heartbeats.set_drained(ctl, node_id(request), drained)))
+        reason = parse_drain_request(await body(request)).reason if drained else ""
+        node = heartbeats.set_drained(ctl, node_id(request), drained, reason)
+        return web.json_response(views.node_view(ctl, node))
 
     return handler
 

@@ -77,8 +77,13 @@ async def stop(ctl: Controller, command: CheckpointAndStop | StopAttempt, *, che
         try:
             if checkpoint and index == 0:
                 grace = ctl.settings.stop_grace_s
+                payload = ctl.payloads.get(attempt.job_id)
+                signal_name = "SIGUSR1"
+                if payload is not None and payload.checkpoint_signal:  # a job without the runtime
+                    signal_name = payload.checkpoint_signal
+                    grace = payload.grace_s if payload.grace_s is not None else grace
                 result = await ctl.executor.checkpoint(
-                    ctl.target(node_id), attempt.id, ctl.epoch, grace, 10.0
+                    ctl.target(node_id), attempt.id, ctl.epoch, grace, 10.0, signal_name
                 )
                 faults.point("stop.after_command")  # test-only crash hook (hopsmgr.master.faults)
             else:
@@ -158,6 +163,7 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
                 run_as=payload.run_as,
                 mem_mb=payload.mem_mb,
                 cpus=payload.cpus,
+                block_sigusr1=payload.checkpoint_signal != "SIGUSR1",
             )
             await ctl.executor.launch(ctl.target(node_id), order)
             faults.point("launch.after_command" if rank == 0 else "")  # test-only crash hook

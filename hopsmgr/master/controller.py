@@ -52,6 +52,7 @@ from hopsmgr.master.state import (
     JobPayload,
     NodeRecord,
     attempt_seq,
+    drain_reason_key,
     job_row,
     load_attempt,
     load_job,
@@ -197,6 +198,7 @@ class Controller:
                 continue
             if row["drained"]:
                 drained.add(node.id)
+                node.drain_reason = self.store.meta(drain_reason_key(node.id), "")
             node.workdir, node.device_mode = row["workdir"], row["device_mode"]
             if row["calibration"]:
                 node.calibration = Calibration(
@@ -424,18 +426,27 @@ class Controller:
             requirements = RequirementSet.of(sub.gpus)
         except ModelError as exc:
             raise RequestError(400, "gpus", str(exc)) from exc
-        if sub.samples is not None:
+        batch_size = sub.batch_size or 1
+        if not sub.runtime:  # work in seconds at nominal speed (hopsmgr.core.estimator.RUN_TIME_PROFILE)
+            run_s = sub.time_s or self.config.scheduler.default_run_s
+            samples = JobSpec.samples_from_iterations(run_s, 1, requirements)
+        elif sub.samples is not None:
             samples = sub.samples
         else:
             assert sub.iterations is not None
-            samples = JobSpec.samples_from_iterations(sub.iterations, sub.batch_size, requirements)
+            samples = JobSpec.samples_from_iterations(sub.iterations, batch_size, requirements)
+        after = self._dependencies(who, sub.after)
         now = self.clock()
         try:
             spec = JobSpec(
                 id="j-new",
                 requirements=requirements,
                 total_samples=samples,
-                batch_size=sub.batch_size,
+                batch_size=batch_size,
+                runtime=sub.runtime,
+                preemptible=sub.runtime or sub.checkpoint_signal is not None,
+                time_limit_s=sub.time_s,
+                after=after,
                 tenant=tenant,
                 user=who.user,
                 name=sub.name,
@@ -462,6 +473,8 @@ class Controller:
             run_as,
             sub.mem_mb,
             sub.cpus,
+            sub.checkpoint_signal,
+            sub.grace_s,
         )
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
@@ -502,6 +515,23 @@ class Controller:
             self.dispatch(commands)
             if not future.done():
                 future.set_result(None)
+
+    def _dependencies(self, who: Principal, after: tuple[str, ...]) -> tuple[str, ...]:
+        """The jobs of `after` still to wait for; refused: one the submitter cannot see, or one that
+        ended without completing (this job could never start)."""
+        waiting = []
+        for dep in after:
+            try:
+                row = self.visible(who, dep)
+            except RequestError:
+                raise RequestError(422, "after", f"no job {dep!r} to wait for") from None
+            if dep in self.machine.state.jobs:
+                waiting.append(dep)
+            elif row["state"] != JobState.COMPLETED.value:
+                raise RequestError(
+                    422, "after", f"job {dep} ended {row['state']}: a job after it could never start"
+                )
+        return tuple(waiting)
 
     def visible(self, who: Principal, job_id: str, *, full: bool = True) -> Row:
         """The job's row if `who` may see it (in `full`: its command, env, logs, and cancel it)."""

@@ -53,6 +53,7 @@ class LaunchOrder:
     run_as: str = ""  # the Unix account the job runs as ("": the wrapper's own)
     mem_mb: int | None = None
     cpus: float | None = None
+    block_sigusr1: bool = True  # False: a job without the runtime that saves its checkpoint on SIGUSR1
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,13 @@ class Executor(Protocol):
     async def launch(self, target: NodeTarget, order: LaunchOrder) -> None: ...
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None: ...
 
     async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None: ...
@@ -83,6 +90,12 @@ def wrapper_args(command: str, target: NodeTarget, attempt: str, epoch: int | No
     if epoch is not None:
         args += ["--epoch", str(epoch)]
     return args
+
+
+def signal_args(signal_name: str) -> list[str]:
+    """`--signal NAME` for the wrapper's checkpoint, left out for its default SIGUSR1 (so a node whose
+    wrapper predates the option still takes every checkpoint of a job that uses the runtime)."""
+    return [] if signal_name == "SIGUSR1" else ["--signal", signal_name]
 
 
 def launch_args(target: NodeTarget, order: LaunchOrder) -> list[str]:
@@ -103,6 +116,8 @@ def launch_args(target: NodeTarget, order: LaunchOrder) -> list[str]:
         args += ["--mem-mb", str(order.mem_mb)]
     if order.cpus is not None:
         args += ["--cpus", repr(order.cpus)]
+    if not order.block_sigusr1:
+        args += ["--sigusr1-unblocked"]
     for key, value in sorted(order.env.items()):
         args += ["--env", f"{key}={value}"]
     return [*args, "--", *order.argv]
@@ -162,7 +177,13 @@ class LocalExecutor:
         await self._wrapper(launch_args(target, order))
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         args = [
             *wrapper_args("checkpoint", target, attempt, epoch),
@@ -170,6 +191,7 @@ class LocalExecutor:
             str(wait_s),
             "--grace",
             str(grace_s),
+            *signal_args(signal_name),
         ]
         return exit_info(await self._wrapper(args, wait_s + grace_s + 30))
 

@@ -29,7 +29,7 @@ from hopsmgr.core.model import Calibration, ModelError
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.executor import ExecutorError
-from hopsmgr.master.state import NodeRecord, calibration_json
+from hopsmgr.master.state import NodeRecord, calibration_json, drain_reason_key
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, HeartbeatReply, Progress
 
 log = structlog.get_logger("hopsmgr.master")
@@ -177,7 +177,7 @@ def request_calibration(ctl: Controller, node_id: str) -> NodeRecord:
     return node
 
 
-def set_drained(ctl: Controller, node_id: str, drained: bool) -> NodeRecord:
+def set_drained(ctl: Controller, node_id: str, drained: bool, reason: str = "") -> NodeRecord:
     node = ctl.nodes.get(node_id)
     if node is None:
         raise RequestError(404, "node", f"no node {node_id!r}")
@@ -185,7 +185,9 @@ def set_drained(ctl: Controller, node_id: str, drained: bool) -> NodeRecord:
     for command in commands:
         if isinstance(command, Reply) and command.error is not None:
             raise RequestError(command.status, command.error_field, command.error)
+    node.drain_reason = reason if drained else ""
     with ctl.store.transaction():
         ctl.store.upsert_node(node.to_row())
-    log.info("node_drained" if drained else "node_undrained", node=node_id)
+        ctl.store.set_meta(drain_reason_key(node_id), node.drain_reason)
+    log.info("node_drained" if drained else "node_undrained", node=node_id, reason=node.drain_reason)
     return node

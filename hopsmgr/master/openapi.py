@@ -16,6 +16,7 @@ from hopsmgr.core.lifecycle import JobState
 from hopsmgr.master.state import NodeHealth
 from hopsmgr.protocol import (
     ATTEMPT_ID_PATTERN,
+    DRAIN_REQUEST,
     HEARTBEAT,
     HEARTBEAT_REPLY,
     ID,
@@ -144,6 +145,8 @@ EXPLAIN = answer(
         "placement": Nullable(PLACEMENT),
         "unplaceable": Nullable(TEXT),
         "profiled_types": Arr(TEXT, MANY),
+        "without_runtime": Nullable(TEXT),  # how a job without hopsmgr.runtime is scheduled
+        "waits_for": Arr(JOB_ID, 64),  # --after: the dependencies still live
         "estimates": Map(Num(), keys=NODE_ID, max_items=MANY, description="samples/s at R1 per node"),
         "reason": Nullable(TEXT),
         "quota": TENANT,
@@ -158,6 +161,7 @@ NODE_FIELDS: dict[str, Spec] = {
     "gpus": COUNT,
     "health": HEALTH_STATES,
     "drained": Bool(),
+    "drain_reason": Nullable(TEXT),
     "emulated": Bool(),
     "device_mode": Nullable(TEXT),
     "calibration": Map(Anything(), max_items=MANY, description="factors and their source"),
@@ -254,6 +258,7 @@ def _op(
     ok: int = 200,
     auth: bool = True,
     links: dict[str, Any] | None = None,
+    body_required: bool = True,
 ) -> dict[str, Any]:
     schema = answer_schema.json_schema() if isinstance(answer_schema, Obj) else answer_schema
     success: dict[str, Any] = {"description": "OK", "content": {"application/json": {"schema": schema}}}
@@ -269,7 +274,7 @@ def _op(
         op["parameters"] = params
     if body is not None:
         op["requestBody"] = {
-            "required": True,
+            "required": body_required,
             "content": {"application/json": {"schema": body.json_schema()}},
         }
     if not auth:
@@ -380,7 +385,15 @@ def openapi_document() -> dict[str, Any]:
                 )
             },
             "/api/v1/nodes/{node}/drain": {
-                "post": _op("drainNode", "Drain a node (admin)", NODE, errors=(403, 404, 503), params=[node])
+                "post": _op(
+                    "drainNode",
+                    "Drain a node (admin)",
+                    NODE,
+                    errors=(403, 404, 503),
+                    params=[node],
+                    body=DRAIN_REQUEST,
+                    body_required=False,
+                )
             },
             "/api/v1/nodes/{node}/undrain": {
                 "post": _op(

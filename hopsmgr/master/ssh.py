@@ -9,7 +9,7 @@ One connection per node, opened on first use, reused, and opened again once clos
 a dead peer); at most `ssh_max_channels` commands run at once on it. Authentication is by key only
 (`ssh_key`, default ~/.ssh/id_ed25519: no password, no agent, no forwarding, no ~/.ssh/config) and host
 keys are always checked against `known_hosts` (default <state_dir>/known_hosts), read again on every
-connect. Adding a node's key is an operator's decision: `scan_host_key` shows it, `add_known_host`
+connect. Adding a node's key is an operator's decision: `scan_host_keys` shows them, `add_known_host`
 records it once confirmed. Failures raise `ExecutorError` with kind:
 
     unreachable  refused / no route / DNS / connect timeout / connection lost / command timed out
@@ -32,6 +32,7 @@ import hashlib
 import json
 import posixpath
 import shlex
+import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -60,6 +61,7 @@ from hopsmgr.master.executor import (
     NodeTarget,
     exit_info,
     launch_args,
+    signal_args,
     wrapper_args,
 )
 
@@ -239,10 +241,16 @@ class SshExecutor:
         await self._run(target, launch_args(target, order))
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         args = [*wrapper_args("checkpoint", target, attempt, epoch), "--wait", str(wait_s)]
-        args += ["--grace", str(grace_s)]
+        args += ["--grace", str(grace_s), *signal_args(signal_name)]
         return exit_info(await self._run(target, args, wait_s + grace_s + 30))
 
     async def stop(self, target: NodeTarget, attempt: str, epoch: int, grace_s: float) -> ExitInfo | None:
@@ -504,6 +512,56 @@ async def scan_host_key(address: str, port: int = 22, timeout_s: float = 10.0) -
     if key is None:
         raise ExecutorError("hostkey", f"{where}: the server offered no host key")
     return f"{known_hosts_name(address, port)} {key.export_public_key('openssh').decode().strip()}"
+
+
+# host key algorithms in the order `nodes add` prefers them (ssh-keygen's ED25519 first)
+HOST_KEY_ALGS = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "rsa-sha2-512",
+)
+
+
+async def scan_host_keys(address: str, port: int = 22, timeout_s: float = 10.0) -> list[str]:
+    """Every host key the node offers, as known_hosts lines, ED25519 first (one handshake per key
+    algorithm; algorithms the server has no key for are skipped). Raises ExecutorError when the
+    node cannot be reached at all."""
+    where = f"{address}:{port}"
+    lines: list[str] = []
+    first_error: Exception | None = None
+    for alg in HOST_KEY_ALGS:
+        try:
+            key = await asyncio.wait_for(
+                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg], config=[]), timeout_s
+            )
+        except (ConnectionRefusedError, socket.gaierror, asyncio.TimeoutError) as exc:  # unreachable
+            raise classify(exc, where) from None
+        except Exception as exc:  # no key of this algorithm: sshd drops the handshake
+            first_error = first_error or exc
+            continue
+        if key is not None:
+            line = f"{known_hosts_name(address, port)} {key.export_public_key('openssh').decode().strip()}"
+            if line not in lines:
+                lines.append(line)
+    if not lines:
+        if first_error is not None:
+            raise classify(first_error, where)
+        raise ExecutorError("hostkey", f"{where}: the server offered no host key")
+    return lines
+
+
+def key_type(line: str) -> str:
+    """The key type of a known_hosts line as ssh-keygen -l names it: ED25519, ECDSA, RSA, ..."""
+    alg = line.split()[1]
+    if alg == "ssh-ed25519":
+        return "ED25519"
+    if alg.startswith("ecdsa-"):
+        return "ECDSA"
+    if alg in ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512"):
+        return "RSA"
+    return alg
 
 
 def fingerprint(line: str) -> str:

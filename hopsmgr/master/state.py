@@ -46,6 +46,8 @@ class JobPayload:
     run_as: str = ""  # the Unix account the job runs as on the nodes ("": the wrapper's own)
     mem_mb: int | None = None  # cgroup limits of each attempt
     cpus: float | None = None
+    checkpoint_signal: str | None = None  # a job without the runtime: its checkpoint signal, if any
+    grace_s: float | None = None  # and how long it may take to save before SIGTERM
 
 
 @dataclass(slots=True)
@@ -64,6 +66,7 @@ class NodeRecord:
     exec_error: str = (
         ""  # the last command that could not reach or act on it (SSH unreachable, auth, host key)
     )
+    drain_reason: str = ""  # why an operator drained it (`hopsmgr drain NODE --reason ...`)
 
     @property
     def id(self) -> str:
@@ -117,6 +120,11 @@ class NodeRecord:
         }
 
 
+def drain_reason_key(node_id: str) -> str:
+    """Where a node's drain reason is stored (the meta table: the nodes table has no column for it)."""
+    return f"drain_reason:{node_id}"
+
+
 def spec_json(s: JobSpec) -> dict[str, Any]:
     return {
         "gpus": list(s.requirements.counts),
@@ -125,6 +133,10 @@ def spec_json(s: JobSpec) -> dict[str, Any]:
         "params_bytes": s.params_bytes,
         "restart_s": s.restart_s,
         "model": s.model,
+        "runtime": s.runtime,
+        "preemptible": s.preemptible,
+        "time_limit_s": s.time_limit_s,
+        "after": list(s.after),
     }
 
 
@@ -142,7 +154,11 @@ def job_row(job: Job, payload: JobPayload) -> Row:
         "state": job.state.value,
         "submitted": job.submitted,
         "state_since": job.state_since,
-        "spec": spec_json(job.spec),
+        "spec": {
+            **spec_json(job.spec),
+            "checkpoint_signal": payload.checkpoint_signal,
+            "grace_s": payload.grace_s,
+        },
         "command": list(payload.command),
         "env": payload.env,
         "workdir": payload.workdir,
@@ -171,6 +187,10 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         params_bytes=s["params_bytes"],
         submit_time=row["submitted"],
         restart_s=s["restart_s"],
+        runtime=s.get("runtime", True),
+        preemptible=s.get("preemptible", True),
+        time_limit_s=s.get("time_limit_s"),
+        after=tuple(s.get("after", ())),
     )
     job = Job(
         spec=spec,
@@ -192,6 +212,8 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         run_as=row.get("run_as") or "",
         mem_mb=row.get("mem_mb"),
         cpus=row.get("cpus"),
+        checkpoint_signal=s.get("checkpoint_signal"),
+        grace_s=s.get("grace_s"),
     )
     return job, payload
 

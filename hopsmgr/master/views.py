@@ -145,6 +145,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
     plan = _plan(ctl)
     info = plan.explain.get(row["id"]) if plan else None
     tenant = row["tenant"]
+    spec = row["spec"]
     return {
         "id": row["id"],
         "state": summary["state"],
@@ -162,7 +163,11 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "note": None if info is None else info.note or None,
         "placement": summary["placement"],
         "unplaceable": None if plan is None else plan.unplaceable.get(row["id"]),
-        "profiled_types": sorted(ctl.estimator.profiled_types(row["id"])),
+        "profiled_types": []
+        if not spec.get("runtime", True)
+        else sorted(ctl.estimator.profiled_types(row["id"])),
+        "without_runtime": _without_runtime(spec),
+        "waits_for": [d for d in spec.get("after", []) if d in ctl.machine.state.jobs],
         "estimates": estimates(ctl, row["id"]),
         "reason": summary["reason"],
         "quota": tenant_view(ctl, tenant),
@@ -170,6 +175,26 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         if plan is None
         else {"time": plan.now, "kind": plan.kind, "method": plan.stats.method, "proven": plan.stats.proven},
     }
+
+
+def _without_runtime(spec: dict[str, Any]) -> str | None:
+    """How a job whose command does not use hopsmgr.runtime is scheduled (None for the others)."""
+    if spec.get("runtime", True):
+        return None
+    gpus = min(spec["gpus"])
+    run_s = spec["total_samples"] / gpus
+    where = "its --time" if spec.get("time_limit_s") else "scheduler.default_run_s"
+    if spec.get("checkpoint_signal"):
+        grace = spec.get("grace_s")
+        how = f"preempted with {spec['checkpoint_signal']}" + (
+            f" and {grace:g} s to exit" if grace is not None else ""
+        )
+    else:
+        how = "never preempted"
+    return (
+        "no profile (the command does not use hopsmgr.runtime): placed from the servers' calibration and"
+        f" an expected run time of {run_s:.0f} s ({where}); {how}"
+    )
 
 
 def estimates(ctl: Controller, job_id: str) -> dict[str, float]:
@@ -202,6 +227,7 @@ def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
         "gpus": node.usable_gpus,
         "health": node.health,
         "drained": node.drained,
+        "drain_reason": node.drain_reason or None,
         "emulated": node.device_mode == "emulated",
         "device_mode": node.device_mode,
         "calibration": {**calibration_json(cal), "source": cal.source},

@@ -10,7 +10,8 @@ runtime takes the signal with `sigwait`.
 An attempt that runs as another Unix account (`layout.Attempt.isolated`) is started through the
 privileged step (hopsmgr.node.runas start), which becomes the job; the monitor's own messages then go
 to `monitor.log`, and what is left of the job when its leader exits is killed through the same step
-(its cgroup).
+(its cgroup). A job without the runtime whose checkpoint signal is SIGUSR1
+(`block_sigusr1` false in its spec) starts with it unblocked, for its own handler.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def child_env(overlay: dict[str, str]) -> dict[str, str]:
 
 
 def _start(a: Attempt, spec: dict[str, Any]) -> subprocess.Popen[bytes]:
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    how = signal.SIG_BLOCK if spec.get("block_sigusr1", True) else signal.SIG_UNBLOCK
+    blocked = signal.pthread_sigmask(how, {signal.SIGUSR1})
     try:
         if a.isolated:
             with open(a.monitor_log, "ab") as log:

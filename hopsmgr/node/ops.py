@@ -50,6 +50,7 @@ DEFAULT_TAIL = 64 * 1024
 DEFAULT_STOP_GRACE_S = 10.0
 DEFAULT_CHECKPOINT_GRACE_S = 5.0
 MODES = ("run", "profile")
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")  # as hopsmgr.protocol's
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DEVICES = re.compile(r"^[A-Za-z0-9:_-]+(,[A-Za-z0-9:_-]+)*$")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -223,6 +224,7 @@ def launch(
     run_as: str | None = None,
     mem_mb: int | None = None,
     cpus: float | None = None,
+    block_sigusr1: bool = True,
 ) -> dict[str, Any]:
     """Start `argv` as attempt `attempt` of `job` under a detached monitor; idempotent per attempt id.
 
@@ -254,6 +256,7 @@ def launch(
         "env": overlay,
         "cwd": str(work_cwd),
         "created": time.time(),
+        "block_sigusr1": bool(block_sigusr1),
     }
     if run_as:
         spec.update(run_as=run_as, mem_mb=mem_mb, cpus=cpus)
@@ -370,13 +373,17 @@ def checkpoint(
     *,
     wait: float | None = None,
     grace: float = DEFAULT_CHECKPOINT_GRACE_S,
+    signal_name: str = "SIGUSR1",
 ) -> dict[str, Any]:
-    """Ask the job to checkpoint and exit (request file + SIGUSR1 to its group).
+    """Ask the job to checkpoint and exit (request file + `signal_name`, SIGUSR1 by default, to its
+    group: a job without the runtime may save its own checkpoint on another signal).
 
     With `wait`, wait that long for the exit, then SIGTERM, then after `grace` SIGKILL.
     """
     _check_grace("wait", wait)
     _check_grace("grace", grace)
+    if signal_name not in CHECKPOINT_SIGNALS:
+        raise BadRequest(f"signal {signal_name!r} must be one of {', '.join(CHECKPOINT_SIGNALS)}")
     a = _attempt(workdir, attempt)
     fence(a.workdir, epoch)
     a = _existing(workdir, attempt)
@@ -384,7 +391,7 @@ def checkpoint(
         return attempt_status(a)
     a.request.touch()
     if _await_pid(a):
-        _signal_group(a, signal.SIGUSR1)
+        _signal_group(a, signal.Signals[signal_name])
     if wait is not None and not _wait_exit(a, wait):
         _terminate(a, grace)
     return attempt_status(a)

@@ -66,10 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-as", metavar="ACCOUNT", help="run the job as this Unix account (isolated)")
     p.add_argument("--mem-mb", type=int, help="memory limit of the attempt's cgroup (MiB; with --run-as)")
     p.add_argument("--cpus", type=float, help="CPU limit of the attempt's cgroup (with --run-as)")
+    p.add_argument(
+        "--sigusr1-unblocked",
+        action="store_true",
+        help="start the job without SIGUSR1 blocked (its own handler)",
+    )
 
     p = command("checkpoint", "ask an attempt to checkpoint and exit", epoch=True)
     p.add_argument("--wait", type=float)
     p.add_argument("--grace", type=float, default=DEFAULT_CHECKPOINT_GRACE_S)
+    p.add_argument("--signal", default="SIGUSR1", help="the checkpoint signal (default SIGUSR1)")
 
     p = command("stop", "terminate an attempt (SIGTERM, then SIGKILL after --grace)", epoch=True)
     p.add_argument("--grace", type=float, default=DEFAULT_STOP_GRACE_S)
@@ -121,9 +127,12 @@ def _dispatch(args: list[str]) -> dict[str, Any] | None:
             run_as=ns.run_as,
             mem_mb=ns.mem_mb,
             cpus=ns.cpus,
+            block_sigusr1=not ns.sigusr1_unblocked,
         )
     if ns.command == "checkpoint":
-        return checkpoint(ns.workdir, ns.attempt, ns.epoch, wait=ns.wait, grace=ns.grace)
+        return checkpoint(
+            ns.workdir, ns.attempt, ns.epoch, wait=ns.wait, grace=ns.grace, signal_name=ns.signal
+        )
     if ns.command == "stop":
         return stop(ns.workdir, ns.attempt, ns.epoch, grace=ns.grace)
     if ns.command == "status":

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from hopsmgr import nodecontract as nc
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED, PROFILE_FILE, PROGRESS_FILE, REQUEST_FILE
@@ -246,6 +246,14 @@ class Runtime:
         May not return: exits 0 when profiling is done, or saves `state()` and exits
         `EXIT_CHECKPOINTED` when a checkpoint was requested.
         """
+        self.count(samples)
+        if self.checkpoint_requested:
+            self._checkpoint_and_exit(state)
+
+    def count(self, samples: float = 0.0) -> None:
+        """`step()` without the checkpoint: count one finished iteration and write progress; in profile
+        mode exit 0 once the profile is complete. For integrations whose framework writes its own
+        checkpoints: they test `checkpoint_requested`, save, then call `exit_checkpointed`."""
         now = time.perf_counter()
         # the first iteration of a process starts at its first phase (not at setup) when phases are used
         begin = self._iter_start
@@ -264,10 +272,31 @@ class Runtime:
                 self._write_profile()
                 self._write_progress()
                 sys.exit(0)
-        if self.checkpoint_requested:
-            self._checkpoint_and_exit(state)
         if now - self._last_progress >= PROGRESS_INTERVAL_S:
             self._write_progress()
+
+    def record_phase(self, name: str, seconds: float) -> None:
+        """Add `seconds` to phase `name` of the current iteration (for hooks that cannot wrap a phase
+        in `phase()`: framework callbacks see its start and its end as two calls)."""
+        if name not in PHASES:
+            raise ValueError(f"unknown phase {name!r}; expected one of {', '.join(PHASES)}")
+        self._current[name] = self._current.get(name, 0.0) + max(0.0, float(seconds))
+
+    def start_at(self, iteration: int) -> None:
+        """Count from `iteration` (a framework resumed its own checkpoint at that step); before any step."""
+        if self._iteration != self._start_iteration:
+            raise RuntimeError("start_at() must be called before the first step()")
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
+            raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
+        self._iteration = self._start_iteration = iteration
+
+    def exit_checkpointed(self, saved: Path | None = None) -> NoReturn:
+        """Write the last progress record and exit `EXIT_CHECKPOINTED` (after a checkpoint was saved)."""
+        where = f"to {saved}" if saved else "(no HOPS_CHECKPOINT_DIR: nothing saved)"
+        if self._s.mode == "run":
+            print(f"hopsmgr: checkpoint at iteration {self._iteration} {where}", file=sys.stderr)
+        self._write_progress()
+        sys.exit(EXIT_CHECKPOINTED)
 
     def save_checkpoint(self, state: Any) -> Path | None:
         """Save `state` at the current iteration now; None when no checkpoint directory is set."""
@@ -282,13 +311,11 @@ class Runtime:
         if self._s.mode == "profile" and self._profiled:
             self._write_profile()
 
-    def _checkpoint_and_exit(self, state: Callable[[], Any] | None) -> None:
+    def _checkpoint_and_exit(self, state: Callable[[], Any] | None) -> NoReturn:
+        saved = None
         if self._s.mode == "run":
             saved = self.save_checkpoint(state() if state is not None else None)
-            where = f"to {saved}" if saved else "(no HOPS_CHECKPOINT_DIR: nothing saved)"
-            print(f"hopsmgr: checkpoint at iteration {self._iteration} {where}", file=sys.stderr)
-        self._write_progress()
-        sys.exit(EXIT_CHECKPOINTED)
+        self.exit_checkpointed(saved)
 
     # --- records ---------------------------------------------------------------------------------
     def progress(self) -> dict[str, Any]:

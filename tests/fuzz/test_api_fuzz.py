@@ -468,7 +468,8 @@ SEGMENT = st.text(
 def valid_submission(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {
         "command": [PY, "-c", "pass", *draw(st.lists(SAFE_TEXT, max_size=4))],
-        "gpus": draw(st.sampled_from([[1], [2], [1, 2], [2, 1], [1, 2, 4], [4], [3], [1, 3]])),
+        # placeable: a placement uses one GPU type, and each type has 2 GPUs here ([3] and [4] are refused)
+        "gpus": draw(st.sampled_from([[1], [2], [1, 2], [2, 1], [1, 2, 4], [2, 4], [1, 3]])),
         "batch_size": draw(st.integers(1, 1 << 24)),
     }
     work = st.integers(1, 10**12) | st.floats(min_value=1e-3, max_value=1e15)

@@ -21,6 +21,8 @@ def require_sshd() -> None:
 
 class Sshd(PrivateSshd):
     @classmethod
-    def start(cls, root: Path, timeout: float = 10.0, max_sessions: int = 10) -> PrivateSshd:
+    def start(
+        cls, root: Path, timeout: float = 10.0, max_sessions: int = 10, rsa_host_key: bool = False
+    ) -> PrivateSshd:
         require_sshd()
-        return super().start(root, timeout, max_sessions)
+        return super().start(root, timeout, max_sessions, rsa_host_key)

@@ -533,3 +533,52 @@ def test_master_with_a_changed_host_key_refuses_to_run_and_loses_no_job(sshd: Ss
         )  # nothing ran on the node
     finally:
         cluster.close()
+
+
+def test_nodes_add_names_each_key_type_prefers_ed25519_and_accepts_any_of_the_hosts_keys(
+    tmp_path: Path,
+) -> None:
+    """A node with an RSA and an ED25519 host key (RSA listed first in its sshd_config): `nodes add`
+    prints both with their types, ED25519 first, and records whichever key --fingerprint names."""
+    import subprocess
+    import sys
+
+    server = Sshd.start(tmp_path / "sshd", rsa_host_key=True)
+    try:
+        config = tmp_path / "cluster.toml"
+        config.write_text(
+            f'[[servers]]\nid = "n1"\ngpu_type = "v100"\ngpus = 1\naddress = "127.0.0.1"\nssh_port = {server.port}\n'
+        )
+
+        def keygen_print(name: str) -> str:
+            out = subprocess.run(
+                ["ssh-keygen", "-lf", str(server.root / name)], capture_output=True, text=True
+            )
+            return out.stdout.split()[1]
+
+        ed25519, rsa = keygen_print("ssh_host_ed25519_key.pub"), keygen_print("ssh_host_rsa_key.pub")
+        for want, kind in ((rsa, "ssh-rsa"), (ed25519, "ssh-ed25519")):
+            state = tmp_path / f"state-{kind}"
+            run = [sys.executable, "-m", "hopsmgr.cli.main", "nodes", "add", "n1", "--config", str(config)]
+            ok = subprocess.run(
+                [*run, "--state-dir", str(state), "--fingerprint", want],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert ok.returncode == 0, ok.stderr
+            listed = [line.split() for line in ok.stdout.splitlines() if line.startswith("  ")]
+            assert listed == [["ED25519", ed25519], ["RSA", rsa]], ok.stdout
+            assert f"recording the {'RSA' if kind == 'ssh-rsa' else 'ED25519'} key {want}" in ok.stdout
+            (recorded,) = (state / "known_hosts").read_text().splitlines()
+            assert recorded.split()[1] == kind and fingerprint(recorded) == want
+    finally:
+        server.stop()
+
+
+def test_hopsmgr_help_lists_nodes_add() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hopsmgr.cli.main", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "`nodes add NODE`" in out.stdout

@@ -3,7 +3,7 @@
 A throwaway certificate authority and a server certificate for 127.0.0.1 are made with the `openssl`
 command line, following docs/install.md section 4. One real cluster (master with tls_cert/tls_key on
 127.0.0.1:0, agents with tls_ca) serves the module; a third agent is started WITHOUT the CA and must
-never get through. The CLI has no CA option of its own: it is pointed at the CA with SSL_CERT_FILE, as
+never get through. The CLI is pointed at the CA with SSL_CERT_FILE (or its own --ca, tested below), as
 docs/install.md and docs/user-guide.md say. The last tests start masters of their own to check what the
 master does with a non-loopback `listen`: refused without TLS (the message names master.listen),
 started with a warning with insecure = true, started with TLS.
@@ -339,3 +339,47 @@ def test_unreadable_certificate_is_refused_naming_tls_cert(tmp_path: Path, pki: 
     text = log.read_text()
     assert code == 2 and "master.tls_cert" in text and "missing.crt" in text, text
     assert not (tmp_path / "state" / "master.json").exists()
+
+
+def test_cli_ca_option_env_and_client_toml_and_clear_errors(
+    tls: TlsCluster, pki: Pki, tmp_path: Path
+) -> None:
+    """`--ca`, HOPSMGR_CA and `ca_file` in client.toml each let the CLI verify the master; a CA file it
+    cannot read, or one without a certificate, is a usage error naming where it came from; an http://
+    URL to the TLS master suggests https; a certificate that does not verify suggests --ca."""
+    proc = tls.hopsmgr("nodes", "--json", "--ca", str(pki.ca))
+    assert proc.returncode == 0, proc.stderr
+    env = clean_env(HOPSMGR_URL=tls.url, HOPSMGR_TOKEN=tls.admin_token, HOPSMGR_CA=str(pki.ca))
+    cli = [PYTHON, "-m", "hopsmgr.cli.main"]
+    proc = subprocess.run([*cli, "cluster"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    config = tmp_path / "client.toml"
+    (tmp_path / "ca.crt").write_bytes(pki.ca.read_bytes())
+    config.write_text(f'url = "{tls.url}"\ntoken = "{tls.admin_token}"\nca_file = "ca.crt"\n')
+    proc = subprocess.run(
+        [*cli, "nodes", "--client-config", str(config)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+    proc = tls.hopsmgr("nodes", "--ca", str(tmp_path / "missing.crt"))
+    assert proc.returncode == 2 and "argument --ca: cannot read CA file" in proc.stderr, proc.stderr
+    (tmp_path / "empty.crt").write_text("not a certificate\n")
+    config.write_text(f'url = "{tls.url}"\ntoken = "{tls.admin_token}"\nca_file = "empty.crt"\n')
+    proc = subprocess.run(
+        [*cli, "nodes", "--client-config", str(config)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "ca_file" in proc.stderr and "no PEM CA certificate" in proc.stderr
+
+    plain = tls.url.replace("https://", "http://")
+    proc = tls.hopsmgr("nodes", "--url", plain, "--ca", str(pki.ca))
+    assert proc.returncode == 1 and f"try {tls.url}" in proc.stderr, proc.stderr
+    proc = tls.hopsmgr("nodes")
+    assert proc.returncode == 1 and "give its CA with --ca FILE" in proc.stderr, proc.stderr

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.runtime import Runtime, Settings, checkpoint
+from hopsmgr.runtime import Runtime, Settings, bundle, checkpoint
 from hopsmgr.runtime.files import atomic_write_json, read_json
 from hopsmgr.runtime.stats import two_means
 
@@ -92,3 +92,54 @@ def test_two_means_splits_bimodal_data_and_keeps_unimodal_data_whole() -> None:
     for values in ([0.02] * 8, [0.01, 0.011, 0.012, 0.013, 0.014], [1.0, 2.0, 3.0], []):
         s = two_means(values)
         assert s.p_cache == 1.0 and s.hit_s == s.miss_s
+
+
+# -- what the framework integrations use -----------------------------------------------------------------
+
+
+def test_count_records_a_step_without_acting_on_a_checkpoint_request(tmp_path: Path) -> None:
+
+    rt = Runtime(Settings(attempt_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt"), install_signals=False)
+    rt.start_at(7)
+    rt.record_phase("forward", 0.01)
+    rt.request_checkpoint()
+    rt.count(4)  # does not exit: the caller saves in its framework's way
+    assert rt.iteration == 8 and rt.checkpoint_requested
+    with pytest.raises(SystemExit) as exit_info:
+        rt.exit_checkpointed(None)
+    assert exit_info.value.code == 75
+    assert json.loads((tmp_path / "progress.json").read_text())["iteration"] == 8
+    with pytest.raises(ValueError, match="unknown phase 'fwd'"):
+        rt.record_phase("fwd", 1.0)
+    with pytest.raises(RuntimeError, match="before the first step"):
+        rt.start_at(3)
+
+
+def test_a_bundle_round_trips_a_directory_and_refuses_paths_outside_it(tmp_path: Path) -> None:
+
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"\x00\x01")
+    (src / "sub" / "b.json").write_text("{}")
+    files = bundle.pack_dir(src)
+    assert files == {"a.bin": b"\x00\x01", "sub/b.json": b"{}"}
+    state = bundle.bundle("kind", 3, files)
+    assert bundle.unbundle(state, "other") is None and bundle.unbundle(None, "kind") is None
+    step, back = bundle.unbundle(state, "kind") or (0, {})
+    out = bundle.unpack_dir(back, tmp_path / "out")
+    assert step == 3 and bundle.pack_dir(out) == files
+    with pytest.raises(ValueError, match="not a relative path"):
+        bundle.unpack_dir({"../evil": b""}, tmp_path / "bad")
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "bad").exists()
+
+
+def test_the_runtime_imports_no_framework_until_an_integration_is_used() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hopsmgr.runtime, hopsmgr.runtime.loop, hopsmgr.runtime.bundle; "
+        "print(sorted(m for m in ('torch', 'transformers', 'lightning') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

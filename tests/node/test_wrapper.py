@@ -288,3 +288,42 @@ def test_failing_job_fails_in_run_mode_and_profiles_in_profile_mode(work: Path) 
     prof = wait_until(lambda: exited(work, "prof1"), "the profiling run")
     assert run["exit"]["code"] == 1 and log_has(work, "run1", "simulated failure")
     assert prof["exit"]["code"] == 0 and prof["profile"]["iterations"] == 5
+
+
+OWN_CHECKPOINT = (
+    "import signal, sys, time\n"
+    "def save(signum, frame):\n"
+    "    open('own.ckpt', 'w').write(signal.Signals(signum).name)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGUSR1, save)\n"
+    "signal.signal(signal.SIGUSR2, save)\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGUSR2"])
+def test_a_script_without_the_runtime_gets_its_own_checkpoint_signal(work: Path, name: str) -> None:
+    """`--checkpoint-signal`: the wrapper sends the job's own signal; SIGUSR1 reaches a job started
+    with it unblocked, and the job saves and exits 0 within the grace period."""
+    opts = ("--cwd", str(work.parent), "--sigusr1-unblocked")
+    code, started = launch(work, "a1", PY, "-c", OWN_CHECKPOINT, opts=opts)
+    assert code == 0, started
+    wait_until(lambda: log_has(work, "a1", "ready"), "the job to install its handlers")
+    code, st = wrapper(
+        "checkpoint", "--workdir", str(work), "--attempt", "a1", "--epoch", "1",
+        "--signal", name, "--wait", "20", "--grace", "1",
+    )  # fmt: skip
+    assert code == 0, st
+    assert st["exit"]["code"] == 0 and st["exit"]["signal"] is None
+    assert (work.parent / "own.ckpt").read_text() == name
+
+
+def test_a_checkpoint_signal_outside_the_list_is_refused(work: Path) -> None:
+    launch(work, "a1", PY, "-c", OWN_CHECKPOINT)
+    wait_until(lambda: log_has(work, "a1", "ready"), "the job to install its handlers")
+    code, st = wrapper(
+        "checkpoint", "--workdir", str(work), "--attempt", "a1", "--epoch", "1", "--signal", "SIGKILL"
+    )
+    assert code == 2 and "SIGKILL" in st["error"] and "SIGUSR1" in st["error"]
+    node.stop(work, "a1", 1, grace=0.2)

@@ -394,3 +394,21 @@ def test_the_projected_latency_ratio_counts_what_a_preemption_would_add(projecte
     )
     plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
     assert plan.order[0] == first
+
+
+def test_a_job_larger_than_every_gpu_type_is_unplaceable_even_when_all_types_together_would_hold_it() -> None:
+    from hopsmgr.core.estimator import Estimator, TimeProfile
+    from hopsmgr.core.model import Calibration, JobSpec, RequirementSet, Server
+    from hopsmgr.core.planner import unplaceable_reason
+
+    servers = [Server("a", "v100", 4), Server("b", "k80", 2)]
+    est = Estimator()
+    profile = TimeProfile(tf_s=0.02, tb_s=0.04, tu_s=0.005, td_hit_s=0.001, td_miss_s=0.001)
+    for gpu_type in ("v100", "k80"):
+        est.add_profile("j5", gpu_type, profile, Calibration())
+        est.add_profile("j4", gpu_type, profile, Calibration())
+    j5 = JobSpec("j5", RequirementSet.of([5]), 1e5, 32)
+    reason = unplaceable_reason(j5, servers, est) or ""
+    assert "exceeds the 4 GPUs of the largest profiled, available GPU type (v100)" in reason
+    assert "do not mix GPU types" in reason
+    assert unplaceable_reason(JobSpec("j4", RequirementSet.of([4]), 1e5, 32), servers, est) is None

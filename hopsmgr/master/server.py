@@ -23,7 +23,7 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
-from hopsmgr.master import commands
+from hopsmgr.master import commands, dashboard
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
@@ -137,6 +137,7 @@ class MasterProcess:
         loop = RoundLoop(ctl)
         self.ctl = ctl
         app = make_app(ctl, loop, cluster_token)
+        dashboard.setup(app, ctl)  # the web pages at / (hopsmgr.master.dashboard)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self.runner.setup()
         host, _, port = self.listen.rpartition(":")

@@ -89,7 +89,9 @@ def test_actions_need_the_csrf_secret_the_same_origin_and_the_apis_permission(da
     assert admin.request("POST", "/ui/nodes/n2/undrain", {"csrf": secret}).status == 303
     assert dash.api("GET", "/api/v1/nodes/n2")["drained"] is False
     ana = login(dash, "ana")
-    refused = ana.request("POST", "/ui/nodes/n2/drain", {"csrf": csrf(ana.request("GET", "/ui/tenants").text)})
+    refused = ana.request(
+        "POST", "/ui/nodes/n2/drain", {"csrf": csrf(ana.request("GET", "/ui/tenants").text)}
+    )
     assert refused.status == 403 and "admin" in refused.text
     assert dash.api("GET", "/api/v1/nodes/n2")["drained"] is False
     assert "Drain" not in ana.request("GET", "/").text  # no admin buttons for a user

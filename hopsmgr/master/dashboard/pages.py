@@ -153,7 +153,7 @@ def _timeline(job: Data, now: float) -> str:
         )
     height = max(12, len(attempts) * 12 + 2)
     return (
-        f'<svg class="timeline" viewBox="0 0 100 {height}" preserveAspectRatio="none" role="img" '
+        f'<svg class="timeline" viewBox="0 0 100 {height}" height="{height * 2}" preserveAspectRatio="none" role="img" '
         f'aria-label="attempts from {e(clock(t0))} to {e(clock(t1))}">{"".join(bars)}</svg>'
         f'<p class="meta">{e(clock(t0))} → {e(clock(t1))} ({duration(span)})</p>'
     )

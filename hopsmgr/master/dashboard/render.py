@@ -115,7 +115,7 @@ def frame(title: str, path: str, main: str, who: Principal | None, csrf: str | N
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>hopsmgr · {e(title)}</title>"
-        '<link rel="stylesheet" href="/ui/static/dash.css"><script src="/ui/static/dash.js" defer></script>'
+        '<link rel="icon" href="data:,"><link rel="stylesheet" href="/ui/static/dash.css"><script src="/ui/static/dash.js" defer></script>'
         f'</head><body{live}><header><a class="brand" href="/">hopsmgr</a>{nav if who else ""}</header>'
         f'<main id="main">{main}</main></body></html>'
     )

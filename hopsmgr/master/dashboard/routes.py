@@ -42,7 +42,7 @@ CSP = (
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 _JOB = re.compile(rf"/ui/jobs/({JOB_ID_PATTERN})")

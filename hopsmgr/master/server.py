@@ -27,6 +27,7 @@ from hopsmgr.master import commands, dashboard
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
+from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.master.store import Store
@@ -111,6 +112,7 @@ class MasterProcess:
         self.runner: web.AppRunner | None = None
         self.ctl: Controller | None = None
         self.loop: RoundLoop | None = None
+        self.forecaster: Forecaster | None = None
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.executor = executor
@@ -148,7 +150,12 @@ class MasterProcess:
             bound = int(address[1])
         self.url = f"{'https' if tls else 'http'}://{host}:{bound}"
         self.loop = loop
-        self.tasks = [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
+        self.forecaster = Forecaster(ctl)
+        self.tasks = [
+            asyncio.create_task(loop.run()),
+            asyncio.create_task(loop.health()),
+            asyncio.create_task(self.forecaster.run()),
+        ]
         info = {"url": self.url, "pid": os.getpid(), "epoch": ctl.epoch}
         (self.state_dir / "master.json").write_text(json.dumps(info))
         log.info(
@@ -168,6 +175,8 @@ class MasterProcess:
                 await task
         if self.loop is not None:
             self.loop.close()
+        if self.forecaster is not None:
+            self.forecaster.close()
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 import urllib.request
+from typing import Any
 
 from tests.dashboard.conftest import Browserish, Dash, job
 
@@ -113,3 +114,31 @@ def test_events_stream_the_page_and_end_with_the_session(dash: Dash) -> None:
         body = "\n".join(x.removeprefix("data: ") for x in lines if x.startswith("data: "))
         assert "<h1>Queue</h1>" in body
     assert b.request("GET", "/ui/events/ui/nowhere").status == 404
+
+
+def test_forecasts_reach_the_api_explain_and_the_queue_page(dash: Dash) -> None:
+    ana = dash.tokens["ana"]
+    running = [dash.api("POST", "/api/v1/jobs", job(300_000, "vision"), ana)["id"] for _ in range(4)]
+    waiting = dash.api("POST", "/api/v1/jobs", job(300_000, "vision", [2], "waits"), ana)["id"]
+
+    def forecast() -> Any:
+        return dash.api("GET", f"/api/v1/jobs/{waiting}", token=ana)["forecast"]
+
+    def placed() -> bool:
+        return all(dash.api("GET", f"/api/v1/jobs/{j}", token=ana)["state"] == "RUNNING" for j in running)
+
+    dash.cluster.wait(placed, 90, "four jobs running on the four GPUs")
+    dash.cluster.wait(lambda: bool(forecast() and forecast()["start_p50"]), 120, "a start forecast")
+    f = forecast()
+    assert f["futures"] >= 3 and f["start_p10"] <= f["start_p50"] <= f["start_p90"]
+    assert f["start_p50"] > f["made"] and f["finish_p50"] > f["start_p50"]
+    assert (
+        dash.api("GET", f"/api/v1/jobs/{waiting}/explain", token=ana)["forecast"]["futures"] == f["futures"]
+    )
+    first = dash.api("GET", f"/api/v1/jobs/{running[0]}", token=ana)["forecast"]
+    assert first["start_p50"] is None and first["finish_p50"] is not None  # running: only its end
+    page = dash.browser().request("GET", "/ui/queue", headers={"Authorization": f"Bearer {ana}"}).text
+    row = next(r for r in page.split("<tr>") if f"/ui/jobs/{waiting}" in r)
+    assert "in " in row and "P90" in row
+    for j in [*running, waiting]:
+        dash.api("POST", f"/api/v1/jobs/{j}/cancel", token=ana)

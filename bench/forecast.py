@@ -16,7 +16,8 @@ arriving job's P10/P50/P90 start is kept. After the run:
 - `forecast_ms_p50`, `forecast_ms_p95`: wall time of one whole-queue forecast in the replay;
 - with `--scale` (default on): a burst of `--scale-jobs` jobs on configs/sim/paper-512.toml, run until
   at least 1,000 wait, then the whole queue forecast `--scale-repeats` times: `scale_waiting`,
-  `scale_gpus`, `scale_forecast_ms_p95`, `scale_futures`.
+  `scale_gpus`, `scale_forecast_ms_p95`, `scale_futures`, and `scale_capture_ms` (the copy of the
+  live state the master takes on its event loop).
 
     python bench/forecast.py --json out.json
 """
@@ -150,7 +151,9 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         return sim.now > burst[-1].arrival_s and state.counts.get(JobState.QUEUED, 0) >= 1000
 
     sim.advance(until=busy)
+    t0 = time.perf_counter()
     live = capture(sim.machine, sim.now, [w.arrival_s for w in burst], next_round=sim.next_round)
+    capture_ms = (time.perf_counter() - t0) * 1000
     waiting = sum(1 for j in live.jobs if j.state == JobState.QUEUED)
     times: list[float] = []
     futures = 0
@@ -168,6 +171,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         "scale_forecast_ms_p50": percentile(times, 50),
         "scale_forecast_ms_p95": percentile(times, 95),
         "scale_futures": futures,
+        "scale_capture_ms": capture_ms,
     }
 
 
@@ -183,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-futures", type=int, default=10)
     p.add_argument("--sigma", type=float, default=0.15)
     p.add_argument("--profiling", action="store_true")
+    p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scale-jobs", type=int, default=1400)
     p.add_argument("--scale-repeats", type=int, default=3)
     p.add_argument("--json", help="write the figures as flat JSON here")
     args = p.parse_args(argv)
-    out = replay(args)
+    out = replay(args) if args.replay else {}
     if args.scale:
         out.update(scale(args))
     for key, value in out.items():

@@ -273,7 +273,7 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("unplaceable", value_text(doc.get("unplaceable"))),
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("forecast start", _forecast_line(doc.get("forecast"), "start")),
-        ("forecast finish", _forecast_line(doc.get("forecast"), "finish")),
+        ("forecast end", _forecast_line(doc.get("forecast"), "finish")),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

@@ -13,10 +13,11 @@ program's weighing of restart costs, moves, and larger counts of a requirement s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, Server, ServerId
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, PlanKind, priority_context
 from hopsmgr.core.priority import order_queue, priority_values
@@ -57,10 +58,7 @@ class ForecastPolicy:
         assignments: dict[str, Config] = {}
         used: dict[str, int] = {}
         if kind == "first":
-            ranked = {
-                v.id: values[v.id] + (self.keep_bonus if v.current is not None else 0.0)
-                for v in snapshot.jobs
-            }
+            ranked = {v.id: values[v.id] + self._bonus(v) for v in snapshot.jobs}
             order = order_queue(snapshot.jobs, ranked)
         else:
             running = [v for v in snapshot.jobs if v.current is not None]
@@ -95,6 +93,13 @@ class ForecastPolicy:
             stats=SolverStats(method="greedy", model="forecast", solve_s=t1 - t0, total_s=t1 - t0),
             idle_gpus=idle_after(capacity, assignments),
         )
+
+    def _bonus(self, view: JobView) -> float:
+        """What a placed job adds to its rank in a first plan: `keep_bonus`, or everything for one placed
+        less than a round ago (a launch is never stopped before it started; no stop right after a start)."""
+        if view.current is None:
+            return 0.0
+        return math.inf if view.attempt_s < self.round_seconds else self.keep_bonus
 
 
 def _place(

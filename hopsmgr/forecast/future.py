@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from hopsmgr.control.commands import JobChange
+from hopsmgr.control.commands import JobChange, LaunchAttempt
 from hopsmgr.control.events import AttemptEnded, AttemptStarted, NodeBeat, RoundTick, StateRestored
 from hopsmgr.control.machine import SchedulerMachine
 from hopsmgr.control.records import Attempt, Job, NodeHealth
@@ -184,6 +184,12 @@ class Future(Simulation):
         if rate > 0:
             finish = ready + max(0.0, job.spec.total_samples - job.done_samples) / rate
             self._at(finish, _RunEnd("future-exit", attempt.id, token=run.token))
+
+    def _launch(self, command: LaunchAttempt) -> None:
+        # Started at once, within the same hand-over (the simulated executor's own start event comes
+        # later and is then moot): no plan of a future sees a LAUNCHING job, which could not be stopped.
+        super()._launch(command)
+        self._pending.append(AttemptStarted("future-started", command.attempt_id))
 
     def _changed(self, change: JobChange) -> None:
         super()._changed(change)

@@ -117,10 +117,22 @@ def _queue_key(job: Mapping[str, Any]) -> tuple[int, float, float]:
     return (0, float(position), float(submitted))
 
 
+def forecast_span(
+    forecast: Mapping[str, Any] | None, what: str, quantiles: Sequence[str] = ("p50", "p90")
+) -> str:
+    """A forecast's `what` ("start" or "finish") quantiles as waits from when it was made: "5m/12m"."""
+    if not forecast:
+        return DASH
+    made = float(forecast.get("made") or 0.0)
+    values = [forecast.get(f"{what}_{q}") for q in quantiles]
+    return "/".join(DASH if v is None else duration(max(0.0, float(v) - made)) for v in values)
+
+
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """The queue: jobs with a queue position first (1 = next), then the others oldest first."""
     headers = (
-        "POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "PROGRESS",
+        "POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "START.P50/P90",
+        "PROGRESS",
     )  # fmt: skip
     rows = [
         (
@@ -134,6 +146,7 @@ def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
             placement(job.get("placement")),
             number(job.get("latency_ratio"), 2),
             duration(job.get("est_wait_s")),
+            forecast_span(job.get("forecast"), "start"),
             percent(job.get("progress")),
         )
         for job in sorted(jobs, key=_queue_key)
@@ -209,6 +222,13 @@ def job_detail(job: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
+def _forecast_line(forecast: Mapping[str, Any] | None, what: str) -> str:
+    if not forecast or (forecast.get(f"{what}_p50") is None and forecast.get(f"{what}_p90") is None):
+        return DASH
+    p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
+    return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures)"
+
+
 def explain_text(doc: Mapping[str, Any]) -> str:
     """`explain`: why a job waits or runs where it does."""
     window = doc.get("window")
@@ -247,6 +267,8 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("no runtime", value_text(doc.get("without_runtime"))),
         ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
+        ("forecast start", _forecast_line(doc.get("forecast"), "start")),
+        ("forecast end", _forecast_line(doc.get("forecast"), "finish")),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

@@ -250,6 +250,11 @@ class Estimator:
     def profiled_types(self, job_id: JobId) -> frozenset[GpuType]:
         return frozenset(self._profiles.get(job_id, {}))
 
+    def profile_of(self, job_id: JobId, gpu_type: GpuType) -> tuple[TimeProfile, Calibration] | None:
+        """A job's profile on a GPU type as it was added, with the calibration it was measured on."""
+        entry = self._profiles.get(job_id, {}).get(gpu_type)
+        return None if entry is None else (entry.profile, entry.measured_on)
+
     def per_gpu_rate(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int = 1) -> float | None:
         """Samples/s per GPU of `job` on `server` with `gpus_here` GPUs there, in a configuration spanning
         `n_servers` servers; None if no layer knows anything."""

@@ -150,6 +150,9 @@ class Controller:
         self.plans: dict[str, Plan] = {}
         self.positions: dict[str, int] = {}  # queue position of each queued job in the latest plan
         self.wait_ctx: tuple[float | None, PriorityContext] | None = None  # (plan time, context) for views
+        self.forecasts: dict[
+            str, Any
+        ] = {}  # job id -> hopsmgr.forecast.future.JobForecast (master/forecasts.py)
         self.wake = asyncio.Event()  # the machine asked for a fragment plan
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
         self.heartbeats = 0

@@ -52,6 +52,16 @@ ERROR = answer(
     "Error",
     {"error": answer("ErrorBody", {"status": Int(400, 599), "field": Nullable(TEXT), "message": TEXT})},
 )
+FORECAST = Nullable(
+    answer(
+        "Forecast",
+        {
+            **{f"{what}_{q}": Nullable(Num()) for what in ("start", "finish") for q in ("p10", "p50", "p90")},
+            "futures": COUNT,
+            "made": Num(),
+        },
+    )
+)
 JOB_SUMMARY_FIELDS: dict[str, Spec] = {
     "id": JOB_ID,
     "name": TEXT,
@@ -68,6 +78,7 @@ JOB_SUMMARY_FIELDS: dict[str, Spec] = {
     "progress": Num(0.0, 1.0),
     "restarts": COUNT,
     "reason": Nullable(TEXT),
+    "forecast": FORECAST,
 }
 JOB_SUMMARY = answer("JobSummary", JOB_SUMMARY_FIELDS)
 ATTEMPT = answer(
@@ -149,6 +160,7 @@ EXPLAIN = answer(
         "waits_for": Arr(JOB_ID, 64),  # --after: the dependencies still live
         "estimates": Map(Num(), keys=NODE_ID, max_items=MANY, description="samples/s at R1 per node"),
         "reason": Nullable(TEXT),
+        "forecast": FORECAST,
         "quota": TENANT,
         "round": Nullable(
             answer("Round", {"time": Num(), "kind": TEXT, "method": TEXT, "proven": Nullable(Bool())})

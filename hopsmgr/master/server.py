@@ -25,10 +25,11 @@ from aiohttp import web
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
-from hopsmgr.master import commands, identity
+from hopsmgr.master import commands, dashboard, identity
 from hopsmgr.master.api import make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
+from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.leader import LeaderInfo, Lease, write_leader
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
@@ -123,6 +124,7 @@ class MasterProcess:
         self.runner: web.AppRunner | None = None
         self.ctl: Controller | None = None
         self.loop: RoundLoop | None = None
+        self.forecaster: Forecaster | None = None
         self.url = ""
         self.tasks: list[asyncio.Task[None]] = []
         self.executor = executor
@@ -245,12 +247,18 @@ class MasterProcess:
             loop.settle_s = (m.lease_s, m.lease_s + m.suspect_after_s)
         self.role = "leader"
         app = make_app(ctl, loop, self._cluster_token)
+        dashboard.setup(app, ctl)  # the web pages at / (hopsmgr.master.dashboard)
         await self._serve(app)
         ctl.leader = {"url": self.advertised(), "since": ctl.started, "epoch": ctl.epoch}
         if self.lease is not None:
             write_leader(store, LeaderInfo(self.advertised(), ctl.started, ctl.epoch))
         self.loop = loop
-        self.tasks += [asyncio.create_task(loop.run()), asyncio.create_task(loop.health())]
+        self.forecaster = Forecaster(ctl)
+        self.tasks += [
+            asyncio.create_task(loop.run()),
+            asyncio.create_task(loop.health()),
+            asyncio.create_task(self.forecaster.run()),
+        ]
         self._write_info()
         log.info(
             "master_listening",
@@ -269,6 +277,8 @@ class MasterProcess:
                 await task
         if self.loop is not None:
             self.loop.close()
+        if self.forecaster is not None:
+            self.forecaster.close()
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()

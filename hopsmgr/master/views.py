@@ -85,7 +85,14 @@ def job_summary(
         "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
         "restarts": job.restarts if job else row["restarts"],
         "reason": None if redact else (job.reason if job else row["reason"]),
+        "forecast": forecast_of(ctl, row["id"]) if job is not None else None,
     }
+
+
+def forecast_of(ctl: Controller, job_id: str) -> dict[str, Any] | None:
+    """The latest forecast of a live job (hopsmgr.master.forecasts), None before the first."""
+    found = ctl.forecasts.get(job_id)
+    return None if found is None else found.as_dict()
 
 
 def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +177,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "waits_for": [d for d in spec.get("after", []) if d in ctl.machine.state.jobs],
         "estimates": estimates(ctl, row["id"]),
         "reason": summary["reason"],
+        "forecast": summary["forecast"],
         "quota": tenant_view(ctl, tenant),
         "round": None
         if plan is None

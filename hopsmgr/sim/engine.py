@@ -235,6 +235,8 @@ class Simulation:
         self._tokens = 0
         self._finished = 0
         self._observing = False
+        self._resume: tuple[float, frozenset[str]] | None = None
+        self.next_round = 0.0  # when the next first-plan round is due
 
     # ---- plumbing ---------------------------------------------------------------------------------------
     def _stimulus(self, what: str) -> str:
@@ -265,17 +267,37 @@ class Simulation:
     def run(self, progress: Callable[[float], None] | None = None) -> SimResult:
         if not self.order:
             return self._result()
-        self.now = self.order[0].w.arrival_s
-        for server in self.servers:
-            self.feed(NodeBeat(self._stimulus("node"), server.id, True, server, server.gpus))
+        self.advance(progress)
+        return self._result()
+
+    def resume_at(self, next_round: float, arrived: frozenset[str]) -> None:
+        """Go on from a state handed to the machine already (a forecast from the live state): the next
+        round at `next_round`, and the jobs in `arrived` already live (they do not arrive again)."""
+        self._resume = (next_round, arrived)
+
+    def advance(
+        self, progress: Callable[[float], None] | None = None, until: Callable[[], bool] | None = None
+    ) -> None:
+        """The main loop: until every job ended, the run passed `max_sim_s`, or `until()` says so."""
+        if not self.order:
+            return
+        if self._resume is None:
+            self.now = self.order[0].w.arrival_s
+            for server in self.servers:
+                self.feed(NodeBeat(self._stimulus("node"), server.id, True, server, server.gpus))
+            self.next_round = self.now + self.options.round_phase_s
+            arrivals = deque(self.order)
+        else:
+            self.next_round, arrived = self._resume
+            arrivals = deque(j for j in self.order if j.spec.id not in arrived)
         round_s = self.policy.round_seconds
-        next_round = self.now + self.options.round_phase_s
-        arrivals = deque(self.order)
         last_arrival = self.order[-1].w.arrival_s
         while self._ended() < len(self.order):
+            if until is not None and until():
+                break
             t_arrival = arrivals[0].w.arrival_s if arrivals else math.inf
             t_event = self._heap[0][0] if self._heap else math.inf
-            t = min(t_arrival, t_event, next_round)
+            t = min(t_arrival, t_event, self.next_round)
             if t - last_arrival > self.options.max_sim_s:
                 break
             self._advance(t)
@@ -295,8 +317,8 @@ class Simulation:
                     self.feed(event)
             while arrivals and arrivals[0].w.arrival_s <= t + _EPS:
                 self._arrive(arrivals.popleft())
-            if t >= next_round - _EPS:
-                next_round = t + round_s
+            if t >= self.next_round - _EPS:
+                self.next_round = t + round_s
                 self._round()
                 if not arrivals:
                     self._cancel_stranded()
@@ -305,7 +327,6 @@ class Simulation:
             elif self._fragment_wanted:
                 self._fragment_wanted = False
                 self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
-        return self._result()
 
     def _ended(self) -> int:
         return self._finished

@@ -109,8 +109,8 @@ def test_unreachable_master_exits_1(cli: Callable[..., Result], refused_url: str
 def test_queue_default_states_and_all(cli: Callable[..., Result], master: FakeMaster) -> None:
     code, out, _ = cli("queue", *auth(master.url), "--tenant", "vision")
     assert code == 0
-    assert out.splitlines()[0].split() == ["POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS",
-                                           "PLACEMENT", "LR", "EST.WAIT", "PROGRESS"]  # fmt: skip
+    assert out.splitlines()[0].split() == ["POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS", "PLACEMENT",
+                                           "LR", "EST.WAIT", "START.P50/P90", "PROGRESS"]  # fmt: skip
     assert out.splitlines()[1].split()[:2] == ["1", "j-000002"]
     states = [v for k, v in master.requests[0].query if k == "state"]
     assert states == ["PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING", "CHECKPOINTING"]

@@ -43,9 +43,9 @@ def test_duration(seconds: float | None, text: str) -> None:
 
 def test_queue_table_puts_queued_jobs_first_by_position() -> None:
     assert render.queue_table([RUNNING, QUEUED]).splitlines() == [
-        "POS  ID        NAME        USER  TENANT  STATE    GPUS   PLACEMENT  LR    EST.WAIT  PROGRESS",
-        "1    j-000002  bert-large  ana   nlp     QUEUED   8      -          2.35  3m20s     0%",
-        "-    j-000001  resnet      ana   vision  RUNNING  1,2,4  node-a:2   1.80  -         42%",
+        "POS  ID        NAME        USER  TENANT  STATE    GPUS   PLACEMENT  LR    EST.WAIT  START.P50/P90  PROGRESS",
+        "1    j-000002  bert-large  ana   nlp     QUEUED   8      -          2.35  3m20s     -              0%",
+        "-    j-000001  resnet      ana   vision  RUNNING  1,2,4  node-a:2   1.80  -         -              42%",
     ]
 
 

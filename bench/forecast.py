@@ -1,0 +1,207 @@
+"""Start-time forecasts against what then happened: a trace replayed through the simulator, the queue
+forecast at every job's arrival, each job's forecast compared with its actual start.
+
+The replay is a Simulation (hopsmgr.sim.engine) of `--cluster` (default configs/sim/paper-16.toml) in
+the paper world (hopsmgr.sim.truth: the ground truth the estimator learns) under the Hops policy, with
+a Poisson workload (`--jobs`, `--rate-per-hour`, hopsmgr.sim.workload). Jobs arrive with their profiles
+(no profiling phase: `--profiling` turns it on, and the forecast then guesses a new job's profile from
+the latest profiled job). At each arrival the live state is captured (hopsmgr.forecast.future.capture)
+and forecast (hopsmgr.forecast.run.forecast, `--budget-s`, `--min-futures`, `--max-futures`); the
+arriving job's P10/P50/P90 start is kept. After the run:
+
+- `start_p50_median_abs_error_rel`: median, over jobs that waited at least one round, of
+  |P50 forecast wait - actual wait| / actual wait;
+- `start_in_p10_p90`: share of all forecast jobs whose actual start lies in [P10, P90] (1 s slack);
+  `start_in_p10_p90_waited`: the same over jobs that waited at least one round;
+- `forecast_ms_p50`, `forecast_ms_p95`: wall time of one whole-queue forecast in the replay;
+- with `--scale` (default on): a burst of `--scale-jobs` jobs on configs/sim/paper-512.toml, run until
+  at least 1,000 wait, then the whole queue forecast `--scale-repeats` times: `scale_waiting`,
+  `scale_gpus`, `scale_forecast_ms_p95`, `scale_futures`, and `scale_capture_ms` (the copy of the
+  live state the master takes on its event loop).
+
+    python bench/forecast.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hopsmgr.config import load_cluster_config
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.policy import ForecastPolicy
+from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.policies.base import HopsPolicy
+from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.workload import WorkloadJob, poisson_workload
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    return xs[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+
+
+class Replay(Simulation):
+    """The simulation, forecasting the queue each time a job arrives."""
+
+    def __init__(self, *args: Any, settings: ForecastSettings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings
+        self.forecasts: dict[str, tuple[float, float | None, float | None, float | None]] = {}
+        self.forecast_ms: list[float] = []
+        self.recent: list[float] = []
+
+    def _arrive(self, job: Any) -> None:
+        super()._arrive(job)
+        self.recent.append(self.now)
+        live = capture(self.machine, self.now, self.recent, next_round=self.next_round)
+        t0 = time.perf_counter()
+        result = forecast(live, self.settings, time.perf_counter)
+        self.forecast_ms.append((time.perf_counter() - t0) * 1000)
+        f = result.get(job.spec.id)
+        if f is not None:
+            self.forecasts[job.spec.id] = (self.now, f.start_p10, f.start_p50, f.start_p90)
+
+
+def replay(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = load_cluster_config(args.cluster)
+    world = paper_world(seed=args.seed)
+    types = sorted({s.gpu_type for s in cluster.servers})
+    tenants = tuple(t.name for t in cluster.tenants) or ("default",)
+    workload = poisson_workload(world, args.jobs, args.rate_per_hour, args.seed, tenants, types)
+    settings = replace(cluster.scheduler, round_seconds=args.round_s)
+    sim = Replay(
+        world,
+        cluster.servers,
+        workload,
+        HopsPolicy(settings),
+        SimOptions(seed=args.seed, profiling=args.profiling),
+        time.perf_counter,
+        tenants=cluster.tenant_map(),
+        settings=ForecastSettings(
+            budget_s=args.budget_s,
+            min_futures=args.min_futures,
+            max_futures=args.max_futures,
+            future=FutureOptions(sigma=args.sigma),
+        ),
+    )
+    sim.run()
+    errors: list[float] = []
+    covered: list[bool] = []
+    covered_waited: list[bool] = []
+    for job_id, (at, p10, p50, p90) in sim.forecasts.items():
+        truth = sim.jobs[job_id]
+        if truth.first_start is None:
+            continue
+        actual = truth.first_start
+        inside = p10 is not None and p90 is not None and p10 - 1.0 <= actual <= p90 + 1.0
+        covered.append(inside)
+        wait = actual - at
+        if wait >= args.round_s:
+            covered_waited.append(inside)
+            if p50 is not None:
+                errors.append(abs((p50 - at) - wait) / wait)
+            else:
+                errors.append(1.0)  # no P50 (most futures did not start it): count as a full miss
+    return {
+        "jobs": len(sim.forecasts),
+        "jobs_waited": len(errors),
+        "start_p50_median_abs_error_rel": statistics.median(errors) if errors else None,
+        "start_in_p10_p90": sum(covered) / len(covered) if covered else None,
+        "start_in_p10_p90_waited": sum(covered_waited) / len(covered_waited) if covered_waited else None,
+        "forecast_ms_p50": percentile(sim.forecast_ms, 50),
+        "forecast_ms_p95": percentile(sim.forecast_ms, 95),
+        "gpus": sum(s.gpus for s in cluster.servers),
+    }
+
+
+def scale(args: argparse.Namespace) -> dict[str, Any]:
+    """1,000+ waiting jobs on 512 GPUs: how long one whole-queue forecast takes."""
+    cluster = load_cluster_config(str(REPO / "configs" / "sim" / "paper-512.toml"))
+    world = paper_world(seed=args.seed)
+    types = sorted({s.gpu_type for s in cluster.servers})
+    tenants = tuple(t.name for t in cluster.tenants) or ("default",)
+    burst: list[WorkloadJob] = poisson_workload(
+        world, args.scale_jobs, 3600.0 * 50, args.seed, tenants, types
+    )
+    sim = Simulation(
+        world,
+        cluster.servers,
+        burst,
+        ForecastPolicy(args.round_s),  # only to reach a busy state quickly; the forecast is what is timed
+        SimOptions(seed=args.seed, profiling=False),
+        time.perf_counter,
+        tenants=cluster.tenant_map(),
+    )
+
+    def busy() -> bool:
+        state = sim.machine.state
+        return sim.now > burst[-1].arrival_s and state.counts.get(JobState.QUEUED, 0) >= 1000
+
+    sim.advance(until=busy)
+    t0 = time.perf_counter()
+    live = capture(sim.machine, sim.now, [w.arrival_s for w in burst], next_round=sim.next_round)
+    capture_ms = (time.perf_counter() - t0) * 1000
+    waiting = sum(1 for j in live.jobs if j.state == JobState.QUEUED)
+    times: list[float] = []
+    futures = 0
+    settings = ForecastSettings(
+        budget_s=args.budget_s, min_futures=args.min_futures, max_futures=args.max_futures
+    )
+    for _ in range(args.scale_repeats):
+        t0 = time.perf_counter()
+        result = forecast(live, settings, time.perf_counter)
+        times.append((time.perf_counter() - t0) * 1000)
+        futures = max((f.futures for f in result.values()), default=0)
+    return {
+        "scale_waiting": waiting,
+        "scale_gpus": sum(s.gpus for s in cluster.servers),
+        "scale_forecast_ms_p50": percentile(times, 50),
+        "scale_forecast_ms_p95": percentile(times, 95),
+        "scale_futures": futures,
+        "scale_capture_ms": capture_ms,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cluster", default=str(REPO / "configs" / "sim" / "paper-16.toml"))
+    p.add_argument("--jobs", type=int, default=120)
+    p.add_argument("--rate-per-hour", type=float, default=12.0)
+    p.add_argument("--round-s", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--budget-s", type=float, default=2.0)
+    p.add_argument("--min-futures", type=int, default=3)
+    p.add_argument("--max-futures", type=int, default=10)
+    p.add_argument("--sigma", type=float, default=0.15)
+    p.add_argument("--profiling", action="store_true")
+    p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--scale-jobs", type=int, default=1400)
+    p.add_argument("--scale-repeats", type=int, default=3)
+    p.add_argument("--json", help="write the figures as flat JSON here")
+    args = p.parse_args(argv)
+    out = replay(args) if args.replay else {}
+    if args.scale:
+        out.update(scale(args))
+    for key, value in out.items():
+        print(f"{key:34} {value}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

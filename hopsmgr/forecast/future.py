@@ -1,0 +1,341 @@
+"""One sampled future: the live state restored into the simulator's driver and run forward.
+
+`LiveState` is a copy of what the master's state machine holds (jobs, open attempts, nodes, tenants,
+the estimator's state) and of recent submissions, taken at `now`. `Future` is a Simulation
+(hopsmgr.sim.engine) that starts from it instead of an empty cluster: healthy nodes beat, the jobs
+and attempts are handed over with `StateRestored`, running attempts go on at the estimator's rate
+(times this future's error, hopsmgr.forecast.world) from their progress, checkpoints being written end
+after the checkpoint's fixed time, and new jobs arrive as a Poisson process at the recent rate, each
+a copy of a live job. The machine then runs as in any simulation; `started` and `finished` record
+when each job launched and completed.
+
+What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
+(of the same model when there is one) and are queued at once; plans are made by
+hopsmgr.forecast.policy (Hops' order, greedy placement).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from hopsmgr.control.commands import JobChange, LaunchAttempt
+from hopsmgr.control.events import AttemptEnded, AttemptStarted, NodeBeat, RoundTick, StateRestored
+from hopsmgr.control.machine import SchedulerMachine
+from hopsmgr.control.records import Attempt, Job, NodeHealth
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import JobSpec, JobView, Server, ServerId, TenantQuota
+from hopsmgr.core.priority import PriorityContext, remaining_run_s
+from hopsmgr.forecast.policy import ForecastPolicy
+from hopsmgr.forecast.world import EstimatedWorld
+from hopsmgr.nodecontract import EXIT_CHECKPOINTED
+from hopsmgr.sim.engine import SimOptions, Simulation, _Run, _RunEnd, job_key
+from hopsmgr.sim.workload import WorkloadJob
+
+WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveState:
+    now: float
+    servers: tuple[Server, ...]  # as the planner sees them
+    usable: dict[ServerId, int]
+    healthy: frozenset[ServerId]  # nodes that take new work (healthy, reachable)
+    drained: frozenset[ServerId]
+    tenants: tuple[TenantQuota, ...]
+    jobs: tuple[Job, ...]
+    attempts: tuple[Attempt, ...]
+    attempt_seq: int
+    estimator: dict[str, Any]  # Estimator.export_state()
+    recent: tuple[float, ...] = ()  # submission times seen lately (the arrival process)
+    window_s: float = 6 * 3600.0  # the span `recent` covers
+    round_s: float = 300.0
+    next_round: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class FutureOptions:
+    sigma: float = 0.15  # log-normal error of the estimator's rates, drawn per job and future
+    horizon_s: float = 14 * 86400.0
+    arrivals: bool = True
+    max_arrivals: int = 2000
+    checkpoint_s: float = 5.0
+    round_every: float = 1.0  # > 1: periodic rounds less often than live (faster, fewer preemptions)
+    keep_bonus: float = 0.25  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
+
+
+def _template(job: Job, profiled: Sequence[Job]) -> Job | None:
+    same = [p for p in profiled if p.spec.model and p.spec.model == job.spec.model]
+    pool = same or list(profiled)
+    return max(pool, key=lambda p: (p.submitted, p.id)) if pool else None
+
+
+class Future(Simulation):
+    def __init__(self, live: LiveState, seed: int, options: FutureOptions, estimator: Estimator) -> None:
+        rng = random.Random(seed)
+        jobs = copy.deepcopy(list(live.jobs))
+        types = {s.gpu_type for s in live.servers}
+        profiled = [j for j in jobs if estimator.profiled_types(j.id)]
+        self.forecastable: set[str] = set()
+        for job in jobs:
+            if not estimator.profiled_types(job.id):
+                template = _template(job, profiled)
+                if template is None:
+                    continue  # nothing to go by: no forecast for it
+                for gpu_type in sorted(types & estimator.profiled_types(template.id)):
+                    found = estimator.profile_of(template.id, gpu_type)
+                    assert found is not None
+                    estimator.add_profile(job.id, gpu_type, *found)
+            self.forecastable.add(job.id)
+        templates = {j.id: j.spec for j in jobs}
+        workload = [_workload(j.spec, j.spec.submit_time, j.id) for j in jobs]
+        specs = dict(templates)
+        if options.arrivals and profiled and live.recent:
+            until = live.now + min(options.horizon_s, _drain_s(live, jobs, estimator))
+            for w in _arrivals(live, profiled, rng, options, until):
+                workload.append(w)
+                specs[w.job_id] = replace(templates[w.model], id=w.job_id, submit_time=w.arrival_s)
+        world = EstimatedWorld(estimator, templates, specs, live.servers, rng, options.sigma)
+        sim_options = SimOptions(
+            profiling=False,
+            observe_every_s=1e18,
+            checkpoint_fixed_s=options.checkpoint_s,
+            max_sim_s=options.horizon_s,
+            seed=seed,
+        )
+        policy = ForecastPolicy(live.round_s * options.round_every, keep_bonus=options.keep_bonus)
+        super().__init__(
+            world,
+            live.servers,
+            workload,
+            policy,
+            sim_options,
+            lambda: 0.0,
+            estimator=estimator,
+            tenants={t.name: t for t in live.tenants},
+        )
+        self.started: dict[str, float] = {}
+        self.finished: dict[str, float] = {}
+        self.open = {j.id for j in jobs}  # live jobs not ended yet in this future
+        self.now = live.now
+        for server in self.servers:
+            if server.id in live.healthy:
+                self.feed(NodeBeat("future-node", server.id, True, server, live.usable.get(server.id)))
+        restored = []
+        for job in jobs:
+            if job.state in (JobState.PENDING, JobState.PROFILING):
+                job.state = JobState.QUEUED  # the forecast's assumption: its profiling is done
+            job.profiling = set()
+            if job.id in self.forecastable:
+                restored.append(job)
+        kept = {j.id for j in restored}
+        attempts = [a for a in copy.deepcopy(list(live.attempts)) if not a.profiling and a.job_id in kept]
+        self.feed(
+            StateRestored("future-restore", tuple(restored), tuple(attempts), live.attempt_seq, live.drained)
+        )
+        by_id = {j.id: j for j in restored}
+        for attempt in attempts:
+            self._go_on(attempt, by_id[attempt.job_id], live.now)
+        self.open &= kept
+        self._live = len(restored)
+        skipped = {j.id for j in jobs} - kept
+        self.order = [j for j in self.order if j.spec.id not in skipped]
+        self.resume_at(max(live.now, live.next_round), frozenset(kept))
+
+    def _go_on(self, attempt: Attempt, job: Job, now: float) -> None:
+        """A restored attempt goes on as the simulated executor would have run it so far."""
+        truth = self.jobs[job.id]
+        truth.done = job.done_samples
+        if not attempt.launched:
+            return  # the second half of a move: the machine launches it once its stop ended
+        parts = [(self.by_id[s], g) for s, g in attempt.placement.parts]
+        rate = self.world.true_rate(job.id, parts, job_key(job.id))
+        started = attempt.started is not None
+        ready = now if started else now + job.spec.restart_s
+        if started and not attempt.stopping:  # progress since its last report, at the estimated rate
+            since = attempt.last_observed if math.isfinite(attempt.last_observed) else attempt.started
+            assert since is not None
+            job.done_samples = min(job.spec.total_samples, job.done_samples + rate * max(0.0, now - since))
+            truth.done = job.done_samples
+        run = _Run(attempt.id, job.id, attempt.placement, rate, now, ready, job.done_samples, self._token())
+        self.runs[attempt.id] = run
+        if not started:  # launched, not confirmed yet: it starts now, as the simulated executor's do
+            self._at(now, AttemptStarted("future-started", attempt.id))
+        if attempt.stopping:  # a checkpoint being written: it ends soon, with the progress it has
+            run.stopped = True
+            end = AttemptEnded(
+                "future-checkpointed",
+                attempt.id,
+                "exited",
+                EXIT_CHECKPOINTED,
+                True,
+                done_samples=job.done_samples,
+            )
+            self._at(
+                now + self.options.checkpoint_fixed_s,
+                _RunEnd(end.stimulus_id, attempt.id, token=run.token, ended=end),
+            )
+            return
+        if rate > 0:
+            finish = ready + max(0.0, job.spec.total_samples - job.done_samples) / rate
+            self._at(finish, _RunEnd("future-exit", attempt.id, token=run.token))
+
+    def _launch(self, command: LaunchAttempt) -> None:
+        # Started at once, within the same hand-over (the simulated executor's own start event comes
+        # later and is then moot): no plan of a future sees a LAUNCHING job, which could not be stopped.
+        super()._launch(command)
+        self._pending.append(AttemptStarted("future-started", command.attempt_id))
+
+    def _changed(self, change: JobChange) -> None:
+        super()._changed(change)
+        if change.new == JobState.LAUNCHING:
+            self.started.setdefault(change.job_id, change.at)
+        elif change.new == JobState.COMPLETED:
+            self.finished[change.job_id] = change.at
+        if change.new in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
+            self.open.discard(change.job_id)
+
+    def go(self) -> None:
+        # first a fragment plan now, as the live machine asks for one when work waits beside idle GPUs
+        self.feed(RoundTick("future-fragment", "fragment"))
+        self.advance(until=lambda: not self.open)
+
+
+def _workload(spec: JobSpec, at: float, model: str, job_id: str | None = None) -> WorkloadJob:
+    return WorkloadJob(
+        job_id=job_id or spec.id,
+        arrival_s=at,
+        model=model,
+        requirements=spec.requirements,
+        total_samples=spec.total_samples,
+        batch_size=spec.batch_size,
+        tenant=spec.tenant,
+    )
+
+
+def _drain_s(live: LiveState, jobs: Sequence[Job], estimator: Estimator) -> float:
+    """How long arrivals matter: about until the live jobs could all have run (1.5 x their GPU time
+    over the cluster's GPUs, plus the longest of them), at the estimator's rates."""
+    total = sum(live.usable.values()) or 1
+    shares: dict[str, float] = {}
+    for server in live.servers:
+        shares[server.gpu_type] = shares.get(server.gpu_type, 0.0) + server.gpus / total
+    ctx = PriorityContext(now=live.now, type_share=shares, rate=estimator.type_rate, total_gpus=total)
+    work = 0.0
+    longest = 0.0
+    for job in jobs:
+        view = JobView(job.spec, done_samples=job.done_samples)
+        left = remaining_run_s(view, ctx)
+        if math.isfinite(left):
+            work += left * job.spec.requirements.minimum
+            longest = max(longest, left)
+    return 1.5 * (work / total + longest) + live.round_s
+
+
+def _arrivals(
+    live: LiveState,
+    profiled: Sequence[Job],
+    rng: random.Random,
+    options: FutureOptions,
+    until: float,
+) -> list[WorkloadJob]:
+    """New jobs as a Poisson process at the recent submission rate, each a copy of a live profiled job."""
+    recent = [t for t in live.recent if live.now - live.window_s <= t <= live.now]
+    if not recent:
+        return []
+    rate = len(recent) / live.window_s
+    out: list[WorkloadJob] = []
+    t = live.now
+    end = until
+    while len(out) < options.max_arrivals:
+        t += rng.expovariate(rate)
+        if t > end:
+            break
+        template = rng.choice(list(profiled))
+        out.append(_workload(template.spec, t, template.id, f"f-{len(out) + 1:06d}"))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobForecast:
+    """Quantiles (Unix times) over the sampled futures; None where fewer than that share started/ended."""
+
+    start_p10: float | None
+    start_p50: float | None
+    start_p90: float | None
+    finish_p10: float | None
+    finish_p50: float | None
+    finish_p90: float | None
+    futures: int
+    made: float
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        return {
+            "start_p10": self.start_p10,
+            "start_p50": self.start_p50,
+            "start_p90": self.start_p90,
+            "finish_p10": self.finish_p10,
+            "finish_p50": self.finish_p50,
+            "finish_p90": self.finish_p90,
+            "futures": self.futures,
+            "made": self.made,
+        }
+
+
+def quantile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile (linear between order statistics); None when it falls on a missing (inf) value."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if not math.isfinite(xs[hi]):
+        return None
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass(slots=True)
+class Samples:
+    start: dict[str, list[float]] = field(default_factory=dict)
+    finish: dict[str, list[float]] = field(default_factory=dict)
+
+
+def capture(
+    machine: SchedulerMachine,
+    now: float,
+    recent: Sequence[float] = (),
+    window_s: float = 6 * 3600.0,
+    next_round: float | None = None,
+) -> LiveState:
+    """A copy of the machine's state at `now` that a forecast can run from (in another thread)."""
+    state = machine.state
+    s = machine.settings
+    healthy = frozenset(
+        n.server.id
+        for n in state.nodes.values()
+        if n.health == NodeHealth.HEALTHY
+        and not n.drained
+        and now - n.exec_error_at >= s.exec_error_backoff_s
+    )
+    round_s = s.scheduler.round_seconds
+    return LiveState(
+        now=now,
+        servers=tuple(n.server for n in state.nodes.values()),
+        usable={n.server.id: n.usable_gpus for n in state.nodes.values()},
+        healthy=healthy,
+        drained=frozenset(n.server.id for n in state.nodes.values() if n.drained),
+        tenants=tuple(state.tenants.values()),
+        jobs=tuple(copy.deepcopy(list(state.jobs.values()))),
+        attempts=tuple(copy.deepcopy(list(state.attempts.values()))),
+        attempt_seq=machine.attempt_seq,
+        estimator=machine.estimator.export_state(),
+        recent=tuple(recent),
+        window_s=window_s,
+        round_s=round_s,
+        next_round=now + round_s if next_round is None else next_round,
+    )

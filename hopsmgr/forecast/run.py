@@ -1,0 +1,59 @@
+"""Forecasting the whole queue: sampled futures until the time budget is spent, then quantiles per job.
+
+`forecast(live, settings, timer)` runs Future after Future (hopsmgr.forecast.future), each with its own
+seed (its own rate errors and arrivals), at least `min_futures` and at most `max_futures`, and stops
+starting new ones once `budget_s` has passed by `timer` (which only measures: the forecast's own time
+is simulated). Each live job gets P10/P50/P90 of its next start (waiting jobs) and of its completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.forecast.future import WAITING, Future, FutureOptions, JobForecast, LiveState, quantile
+
+Timer = Callable[[], float]
+
+
+@dataclass(frozen=True, slots=True)
+class ForecastSettings:
+    budget_s: float = 2.0
+    min_futures: int = 3
+    max_futures: int = 16
+    seed: int = 0
+    future: FutureOptions = field(default_factory=FutureOptions)
+
+
+def forecast(live: LiveState, settings: ForecastSettings, timer: Timer) -> dict[str, JobForecast]:
+    t0 = timer()
+    waiting = {j.id for j in live.jobs if j.state in WAITING}
+    starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
+    finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}
+    runs = 0
+    while runs < settings.max_futures and (runs < settings.min_futures or timer() - t0 < settings.budget_s):
+        future = Future(live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator))
+        future.go()
+        runs += 1
+        for job_id in future.forecastable:
+            starts[job_id].append(future.started.get(job_id, math.inf))
+            finishes[job_id].append(future.finished.get(job_id, math.inf))
+    out: dict[str, JobForecast] = {}
+    for job in live.jobs:
+        s, f = starts[job.id], finishes[job.id]
+        if not f:
+            continue
+        waits = job.id in waiting
+        out[job.id] = JobForecast(
+            start_p10=quantile(s, 0.1) if waits else None,
+            start_p50=quantile(s, 0.5) if waits else None,
+            start_p90=quantile(s, 0.9) if waits else None,
+            finish_p10=quantile(f, 0.1),
+            finish_p50=quantile(f, 0.5),
+            finish_p90=quantile(f, 0.9),
+            futures=len(f),
+            made=live.now,
+        )
+    return out

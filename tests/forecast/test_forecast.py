@@ -1,0 +1,162 @@
+"""Forecasts run the scheduler state machine forward from a captured state (hopsmgr.forecast).
+
+The state comes from a simulation that has run for a while (real machine, real estimator, the paper
+world as ground truth); the forecast is checked against the same simulation run on, and for its own
+consistency: a queued job starts when GPUs free, sampled futures spread with the rates' error and not
+without it, the captured state is not changed, the forecast is the same for the same seed, and the
+forecast modules stay pure (no clock, no I/O)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from hopsmgr.config import parse_cluster_config
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import RequirementSet
+from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.policy import ForecastPolicy
+from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.workload import WorkloadJob
+from tests.unit.test_core_purity import BANNED, clock_reads, imported_roots
+
+CLUSTER = parse_cluster_config(
+    {
+        "cluster": {"name": "one"},
+        "servers": [{"id": "s1", "gpu_type": "rtx3090", "gpus": 4, "host_model": "a"}],
+        "tenants": [{"name": "t"}],
+        "scheduler": {"round_seconds": 300},
+    }
+)
+EXACT = ForecastSettings(min_futures=1, max_futures=1, future=FutureOptions(sigma=0.0, arrivals=False))
+NO_PREEMPTION = replace(EXACT, future=replace(EXACT.future, keep_bonus=float("inf")))
+
+
+def workload() -> list[WorkloadJob]:
+    world = paper_world(seed=1)
+    model = world.models()[0].name
+    return [
+        WorkloadJob(f"j{i}", float(i), model, RequirementSet.of([4]), 4 * 64 * (40_000 + 20_000 * i), 64, "t")
+        for i in range(3)
+    ]
+
+
+def started(until_s: float, keep_bonus: float = 0.25) -> Simulation:
+    """The simulation with every job arrived, run to `until_s` (the first job runs, two wait)."""
+    world = paper_world(seed=1)
+    sim = Simulation(
+        world,
+        CLUSTER.servers,
+        workload(),
+        ForecastPolicy(300.0, keep_bonus=keep_bonus),
+        SimOptions(profiling=False, seed=1),
+        time.perf_counter,
+        tenants=CLUSTER.tenant_map(),
+    )
+    sim.advance(until=lambda: sim.now >= until_s)
+    return sim
+
+
+def test_without_preemption_waiting_jobs_start_one_after_another_as_the_gpus_free() -> None:
+    sim = started(2.0)
+    state = sim.machine.state
+    assert [state.jobs[j].state for j in ("j0", "j1", "j2")] == [
+        JobState.RUNNING,
+        JobState.QUEUED,
+        JobState.QUEUED,
+    ]
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    result = forecast(live, NO_PREEMPTION, time.perf_counter)
+    j0, j1, j2 = (result[j] for j in ("j0", "j1", "j2"))
+    assert j0.start_p50 is None and j0.finish_p50 is not None  # it runs: only its end is forecast
+    assert j1.start_p50 is not None and j2.start_p50 is not None and j1.finish_p50 is not None
+    assert j1.start_p50 == j0.finish_p50  # the GPUs it needs free at that job's end, and a plan follows
+    assert j2.start_p50 == j1.finish_p50
+    assert j1.start_p10 == j1.start_p50 == j1.start_p90  # one exact future: no spread
+    # with preemption (the default), j1's latency ratio overtakes the running j0's at a round
+    preempting = forecast(live, EXACT, time.perf_counter)
+    start = preempting["j1"].start_p50
+    assert start is not None and start < j0.finish_p50 and (start - live.next_round) % live.round_s == 0
+
+
+def test_the_forecast_is_close_to_what_then_happens() -> None:
+    sim = started(1000.0)  # the running job has reported its throughput a few times by then
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    result = forecast(live, EXACT, time.perf_counter)
+    sim.advance()  # the same simulation on, at the world's true rates (the forecast knew estimates)
+    # j1 waits for j0, whose rate the estimator has measured: its start is forecast closely. (j2 waits
+    # for j1 too, which never ran: its forecast carries the estimator's error of an unmeasured job.)
+    actual = sim.jobs["j1"].first_start
+    predicted = result["j1"].start_p50
+    assert actual is not None and predicted is not None
+    wait, forecast_wait = actual - live.now, predicted - live.now
+    assert abs(forecast_wait - wait) / wait < 0.05, (wait, forecast_wait)
+
+
+def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    before = copy.deepcopy(live)
+    noisy = ForecastSettings(min_futures=12, max_futures=12, future=FutureOptions(sigma=0.3, arrivals=False))
+    first = forecast(live, noisy, time.perf_counter)
+    again = forecast(live, noisy, time.perf_counter)
+    j2 = first["j2"]
+    assert j2.futures == 12
+    assert j2.start_p10 is not None and j2.start_p90 is not None and j2.start_p10 < j2.start_p90
+    assert first == again  # same seeds, same futures
+    assert forecast(live, replace(noisy, seed=99), time.perf_counter)["j2"] != j2
+    assert live == before  # a forecast works on copies: the captured state is not changed
+
+
+def test_arrivals_come_at_the_recent_rate_and_only_slow_the_queue() -> None:
+    sim = started(2.0)
+    quiet = capture(sim.machine, sim.now, next_round=sim.next_round)
+    busy = replace(quiet, recent=tuple(float(t) for t in range(0, 3600, 60)), window_s=3600.0)
+    settings = ForecastSettings(min_futures=4, max_futures=4, future=FutureOptions(sigma=0.0))
+    alone = forecast(quiet, settings, time.perf_counter)["j2"]
+    crowded = forecast(busy, settings, time.perf_counter)["j2"]
+    assert alone.start_p50 is not None and crowded.start_p50 is not None
+    assert crowded.start_p50 >= alone.start_p50
+
+
+def test_a_forecast_stops_starting_futures_once_its_budget_is_spent() -> None:
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    ticks = iter(range(1000))
+    settings = ForecastSettings(budget_s=2.5, min_futures=2, max_futures=50)
+    result = forecast(live, settings, lambda: float(next(ticks)))  # each future "takes" one second
+    assert result["j2"].futures == 4  # two it must run, then two more begun 1 s and 2 s in
+
+
+def test_the_forecast_modules_are_pure() -> None:
+    import hopsmgr.forecast
+
+    folder = Path(hopsmgr.forecast.__file__).resolve().parent
+    for path in sorted(folder.glob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        assert not imported_roots(source) & BANNED, path.name
+        assert clock_reads(source) == [], path.name
+
+
+def test_queue_and_explain_show_the_forecast_as_waits_from_when_it_was_made() -> None:
+    from hopsmgr.cli.render import explain_text, queue_table
+
+    made = 1_000_000.0
+    fc = {
+        "start_p10": made + 60,
+        "start_p50": made + 300,
+        "start_p90": made + 720,
+        "futures": 8,
+        "made": made,
+    }
+    fc |= {"finish_p10": made + 4000, "finish_p50": made + 5400, "finish_p90": None}
+    job = {"id": "j-000001", "state": "QUEUED", "gpus": [1], "position": 1, "forecast": fc}
+    row = queue_table([job]).splitlines()[1]
+    assert "5m00s/12m00s" in row
+    text = explain_text({"id": "j-000001", "forecast": fc})
+    assert "forecast start:" in text and "8 sampled futures" in text
+    assert queue_table([{**job, "forecast": None}]).splitlines()[1].count("-") >= 1

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from hopsmgr.control import snapshot as views
 from hopsmgr.control import usage
-from hopsmgr.control.commands import CheckpointAndStop
+from hopsmgr.control.commands import CheckpointAndStop, StopAttempt
 from hopsmgr.control.records import Attempt, Job
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import JobState
@@ -86,7 +86,10 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
             attempt = state.attempts[job.attempt] if job.attempt else None
             if attempt is None or attempt.stopping:
                 continue
-            _stop(m, job, attempt, action.reason)
+            if job.state == JobState.LAUNCHING:
+                _stop_launching(m, job, attempt, action.reason)
+            else:
+                _stop(m, job, attempt, action.reason)
             stopping_attempt[job.id] = attempt.id
         elif isinstance(action, Launch):
             run = profile_runs.get(action.job_id)
@@ -107,6 +110,24 @@ def _stop(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
     )
     m.emit(
         CheckpointAndStop(
+            m.stimulus,
+            attempt.id,
+            job.id,
+            attempt.placement,
+            "migrated" if reason == "migrated" else "preempted",
+        )
+    )
+
+
+def _stop_launching(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
+    """A plan takes the GPUs of a job whose attempt has not started yet: there is nothing to
+    checkpoint (LAUNCHING -> CHECKPOINTING is no transition), so it is stopped; when it has ended the
+    job is QUEUED again and the next plan places it."""
+    attempt.stopping, attempt.stop_reason, attempt.stop_sent = True, reason, True
+    m.record(m.attempt_row(attempt))
+    m.note(job, reason, f"stop of {attempt.id} on {attempt.placement}: not started yet, so no checkpoint")
+    m.emit(
+        StopAttempt(
             m.stimulus,
             attempt.id,
             job.id,

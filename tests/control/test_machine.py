@@ -34,8 +34,9 @@ from hopsmgr.control.events import (
 from hopsmgr.control.machine import ControlSettings
 from hopsmgr.control.planning import STARVED_ROUNDS
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import TenantQuota
-from tests.control.harness import PROFILE, SERVERS, Harness, spec
+from hopsmgr.core.model import Config, TenantQuota
+from hopsmgr.core.plan import Plan
+from tests.control.harness import PROFILE, SERVERS, Harness, PlanReady, spec
 
 
 def profiled(
@@ -243,4 +244,24 @@ def test_every_launch_gets_distinct_devices(gpus: tuple[int, ...]) -> None:
         profiled(h, f"j{k}", gpus)
         for launch in h.of(LaunchAttempt):
             h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    h.close()
+
+
+def test_a_plan_that_takes_a_launching_jobs_gpus_stops_it_without_a_checkpoint() -> None:
+    # A job whose attempt has not started cannot write a checkpoint (LAUNCHING -> CHECKPOINTING is no
+    # transition): a plan that moves it elsewhere stops it, and it is queued again once stopped.
+    h = Harness(servers=SERVERS[:2])
+    (launch,) = profiled(h, "a", (4,), samples=1e9)
+    job = h.machine.state.jobs["a"]
+    assert job.state == JobState.LAUNCHING
+    elsewhere = next(s.id for s in SERVERS[:2] if s.id not in launch.placement.servers)
+    h.auto_plan = False
+    request = next(c for c in h.feed(RoundTick(h.stimulus(), "first")) if isinstance(c, PlanRequest))
+    plan = Plan("first", h.now, {"a": Config.single(elsewhere, 4)})
+    out = h.feed(PlanReady(h.stimulus(), request.request_id, plan, (), 0.0))
+    (stop,) = h.of(StopAttempt, out)
+    assert stop.attempt_id == launch.attempt_id and stop.reason == "migrated"
+    assert h.of(CheckpointAndStop, out) == [] and job.state == JobState.LAUNCHING
+    h.feed(AttemptEnded(h.stimulus(), launch.attempt_id, "exited", -15))
+    assert job.state == JobState.QUEUED and job.migrations == 1 and not job.has_checkpoint
     h.close()

@@ -1,8 +1,10 @@
 """The master's forecasts: the live state copied on the event loop, the queue forecast in a thread.
 
-Every `interval_s` (the round length, at least 5 s) while jobs wait, the loop takes a copy of the
-state machine's state (hopsmgr.forecast.future.capture) and hands it to a worker thread that runs
-hopsmgr.forecast.run.forecast within `budget_s`; the answer replaces `ctl.forecasts` (job id ->
+Every `interval_s` (the round length, at least 5 s, and at least DUTY_FACTOR times the last
+forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
+copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to a daemon thread (a
+master that stops does not wait for a forecast under way) that runs hopsmgr.forecast.run.forecast
+within `budget_s`; the answer replaces `ctl.forecasts` (job id ->
 JobForecast), which the API's job summaries and explanations show. Submission times seen in live jobs
 form the recent arrival process the futures draw new jobs from.
 """
@@ -10,9 +12,12 @@ form the recent arrival process the futures draw new jobs from.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import structlog
 
@@ -24,6 +29,33 @@ from hopsmgr.master.controller import Controller
 log = structlog.get_logger("hopsmgr.master")
 WINDOW_S = 6 * 3600.0
 WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
+DUTY_FACTOR = 4.0
+_T = TypeVar("_T")
+
+
+def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
+    """Run `fn(*args)` in a daemon thread; its result (or error) arrives in the returned future."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)
+
+    def work() -> None:
+        try:
+            value, error = fn(*args), None
+        except BaseException as exc:  # handed to the awaiting task
+            value, error = None, exc
+        with contextlib.suppress(RuntimeError):  # the loop has closed: the master stopped meanwhile
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="forecast", daemon=True).start()
+    return done
 
 
 class Forecaster:
@@ -31,7 +63,7 @@ class Forecaster:
         self.ctl = ctl
         self.settings = settings or ForecastSettings()
         self.interval_s = max(5.0, ctl.config.scheduler.round_seconds)
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="forecast")
+        self.last_s = 0.0
         self.seen: set[str] = set()
         self.recent: deque[float] = deque(maxlen=20_000)
         self.made_ms: deque[float] = deque(maxlen=1000)
@@ -51,10 +83,9 @@ class Forecaster:
         now = ctl.clock()
         live = capture(ctl.machine, now, [t for t in self.recent if t >= now - WINDOW_S], WINDOW_S)
         t0 = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(
-            self.pool, forecast, live, self.settings, time.perf_counter
-        )
-        self.made_ms.append((time.perf_counter() - t0) * 1000)
+        result = await in_daemon_thread(forecast, live, self.settings, time.perf_counter)
+        self.last_s = time.perf_counter() - t0
+        self.made_ms.append(self.last_s * 1000)
         ctl.forecasts = result
 
     async def run(self) -> None:
@@ -65,7 +96,7 @@ class Forecaster:
                 raise
             except Exception as exc:  # a bug: logged, the forecasts go stale, the master goes on
                 log.exception("forecast_failed", error=repr(exc))
-            await asyncio.sleep(self.interval_s)
+            await asyncio.sleep(max(self.interval_s, DUTY_FACTOR * self.last_s))
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        """Nothing to wait for: a forecast under way runs on in its daemon thread, unused."""

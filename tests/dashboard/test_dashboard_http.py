@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import re
+import time
 import urllib.request
 from typing import Any
 
@@ -119,27 +120,44 @@ def test_events_stream_the_page_and_end_with_the_session(dash: Dash) -> None:
 def test_forecasts_reach_the_api_explain_and_the_queue_page(dash: Dash) -> None:
     ana = dash.tokens["ana"]
     # two jobs hold both nodes' two GPUs, a third waits for them (all long: no preemption in the test)
-    running = [dash.api("POST", "/api/v1/jobs", job(300_000, "vision", [2]), ana)["id"] for _ in range(2)]
-    waiting = dash.api("POST", "/api/v1/jobs", job(300_000, "vision", [2], "waits"), ana)["id"]
+    # (the three are alike: which two the plan starts is its choice)
+    ids = [dash.api("POST", "/api/v1/jobs", job(300_000, "vision", [2]), ana)["id"] for _ in range(3)]
+
+    def states() -> dict[str, str]:
+        return {j: dash.api("GET", f"/api/v1/jobs/{j}", token=ana)["state"] for j in ids}
+
+    def placed() -> bool:
+        return sorted(states().values()) == ["QUEUED", "RUNNING", "RUNNING"]
+
+    dash.cluster.wait(placed, 90, "two jobs running on the four GPUs, one waiting")
+    waiting = next(j for j, state in states().items() if state == "QUEUED")
 
     def forecast() -> Any:
         return dash.api("GET", f"/api/v1/jobs/{waiting}", token=ana)["forecast"]
 
-    def placed() -> bool:
-        return all(dash.api("GET", f"/api/v1/jobs/{j}", token=ana)["state"] == "RUNNING" for j in running)
+    placed_at = time.time()
 
-    dash.cluster.wait(placed, 90, "two jobs running on the four GPUs")
-    dash.cluster.wait(lambda: bool(forecast() and forecast()["start_p50"]), 120, "a start forecast")
+    def fresh() -> bool:  # a forecast made after the two started (one made before says they wait)
+        f = forecast()
+        return bool(f and f["start_p50"] and f["made"] > placed_at)
+
+    dash.cluster.wait(fresh, 120, "a start forecast")
     f = forecast()
     assert f["futures"] >= 3 and f["start_p10"] <= f["start_p50"] <= f["start_p90"]
-    assert f["start_p50"] > f["made"] and f["finish_p50"] > f["start_p50"]
+    # >=, not >: the futures' greedy plan may start the waiting job at once where the live planner keeps
+    # the running ones (their preemption does not pay): the forecasts' known bias, docs/benchmarks.md
+    assert f["start_p50"] >= f["made"] and f["finish_p50"] > f["start_p50"]
     assert (
         dash.api("GET", f"/api/v1/jobs/{waiting}/explain", token=ana)["forecast"]["futures"] == f["futures"]
     )
-    first = dash.api("GET", f"/api/v1/jobs/{running[0]}", token=ana)["forecast"]
+    first = next(
+        d["forecast"]
+        for d in (dash.api("GET", f"/api/v1/jobs/{j}", token=ana) for j in ids)
+        if d["state"] == "RUNNING" and d["forecast"] is not None
+    )
     assert first["start_p50"] is None and first["finish_p50"] is not None  # running: only its end
     page = dash.browser().request("GET", "/ui/queue", headers={"Authorization": f"Bearer {ana}"}).text
     row = next(r for r in page.split("<tr>") if f"/ui/jobs/{waiting}" in r)
     assert "in " in row and "P90" in row
-    for j in [*running, waiting]:
+    for j in ids:
         dash.api("POST", f"/api/v1/jobs/{j}/cancel", token=ana)

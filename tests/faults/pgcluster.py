@@ -146,20 +146,20 @@ class PgCluster:
         return self
 
     def kill_master(self, i: int, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs.pop(i)
-        proc.send_signal(sig)
-        proc.wait(30)
+        _end(self.procs.pop(i), sig)
 
     def exit_code(self, i: int) -> int | None:
         return self.procs[i].poll() if i in self.procs else None
 
     def close(self) -> None:
+        # Every process is ended whatever happens to the others: one left running (a master retrying a
+        # stopped PostgreSQL) would load the machine for every later test.
         for node_id in list(self.agents):
-            proc = self.agents.pop(node_id)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(20)
+            with contextlib.suppress(OSError):
+                _end(self.agents.pop(node_id), signal.SIGTERM)
         for i in list(self.procs):
-            self.kill_master(i, signal.SIGTERM)
+            with contextlib.suppress(OSError):
+                self.kill_master(i, signal.SIGTERM)
         for pidfile in self.root.glob("nodes/*/attempts/*/pid"):
             with contextlib.suppress(ValueError, OSError):
                 os.killpg(int(pidfile.read_text().strip()), signal.SIGKILL)
@@ -260,3 +260,14 @@ class PgCluster:
         i = self.leader()
         assert i is not None
         return i, time.monotonic() - t0
+
+
+def _end(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Send `sig`; a process still running 20 s later is killed."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

@@ -174,8 +174,14 @@ def test_two_masters_started_at_once_one_leads_the_other_sends_callers_to_it(clu
         leader = cluster.leader()
         assert leader is not None
         standby = 1 - leader
-        h = cluster.health(standby)
-        assert h is not None and h["role"] == "standby" and h["leader"]["url"] == cluster.url(leader)
+
+        def knows_the_leader() -> bool:  # a standby learns the leader from the store a moment later
+            h = cluster.health(standby)
+            return bool(
+                h and h["role"] == "standby" and h["leader"] and h["leader"]["url"] == cluster.url(leader)
+            )
+
+        wait_for(knows_the_leader, 30, "the standby naming the leader")
         # the standby stores nothing and names the leader
         import json
         import urllib.error

@@ -14,8 +14,9 @@ from dataclasses import replace
 
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
+from hopsmgr.core import quota
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import Config, JobId, JobSpec
+from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobSpec
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, ProfilingRun, profiling_runs
 from hopsmgr.core.program import protected
@@ -57,19 +58,40 @@ def choose_profiling(request: PlanRequest, estimator: Estimator) -> list[Profili
     runs = within_budget(
         profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
     )
-    starved = [j for j in _starving(request, runs) if snapshot.now - j.submit_time >= _starved_s(request)]
+    owed = _under_guarantee(snapshot)
+    starved = [
+        j
+        for j in _starving(request, runs)
+        if snapshot.now - j.submit_time >= _starved_s(request) or j.tenant in owed
+    ]
     if starved:
+        # A tenant under its guarantee reclaims borrowed GPUs at once, as the plan does: borrowers'
+        # young attempts are not spared for its profiling runs.
+        lent = (
+            quota.borrowers(snapshot.jobs, quota.entitled(snapshot.jobs, snapshot.tenants, {}))
+            if owed
+            else ()
+        )
         taken: dict[str, int] = {}
         for r in runs:
             taken[r.server_id] = taken.get(r.server_id, 0) + 1
         for view in snapshot.jobs:
-            if view.current is not None and protected(view, request.min_attempt_s):
+            if view.current is not None and protected(view, request.min_attempt_s) and view.id not in lent:
                 for sid, g in view.current.parts:
                     taken[sid] = taken.get(sid, 0) + g
         # at least one job a round, whatever the budget: new work always gets profiled in the end
         extra = profiling_runs(starved, snapshot, estimator, taken)
         runs += within_budget(extra, request.profiling_budget - len(runs), at_least_one=True)
     return runs
+
+
+def _under_guarantee(snapshot: ClusterSnapshot) -> frozenset[str]:
+    """Tenants holding fewer GPUs than their guarantee."""
+    held: dict[str, int] = {}
+    for view in snapshot.jobs:
+        if view.current is not None:
+            held[view.spec.tenant] = held.get(view.spec.tenant, 0) + view.current.gpus
+    return frozenset(t for t, q in snapshot.tenants.items() if q.guaranteed_gpus > held.get(t, 0))
 
 
 def _starving(request: PlanRequest, runs: list[ProfilingRun]) -> list[JobSpec]:

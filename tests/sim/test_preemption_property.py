@@ -70,7 +70,10 @@ def scenario(seed: int) -> tuple[list[Server], list[WorkloadJob], SchedulerSetti
     for k in range(rng.randint(2, 4)):
         gpu_type, host = rng.choice(TYPES)
         servers.append(Server(f"s{k}", gpu_type, rng.choice((1, 2, 4)), host_model=host, order=k))
-    total = sum(s.gpus for s in servers)
+    per_type: dict[str, int] = {}
+    for s in servers:
+        per_type[s.gpu_type] = per_type.get(s.gpu_type, 0) + s.gpus
+    total = max(per_type.values())  # a placement uses one GPU type
     scale = rng.uniform(0.01, 0.08)
     jobs = [
         dataclasses.replace(j, total_samples=j.total_samples * scale)

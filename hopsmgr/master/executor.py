@@ -11,6 +11,7 @@ with a classification the master records in the job's history.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -152,15 +153,19 @@ class LocalExecutor:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        faults.point(f"{args[0]}.in_command")  # test-only crash hook (hopsmgr.master.faults)
         try:
+            faults.point(f"{args[0]}.in_command")  # test-only crash hook (hopsmgr.master.faults)
             out, err = await asyncio.wait_for(proc.communicate(), timeout_s or self.timeout_s)
         except asyncio.TimeoutError:
-            proc.kill()
-            await proc.wait()
+            await _reap(proc)
             raise ExecutorError(
                 "failed", f"wrapper {args[0]} timed out after {timeout_s or self.timeout_s:.0f} s"
             ) from None
+        except BaseException:
+            # Cancelled (the master stopping): end the wrapper as systemd would end the master's group,
+            # and reap it, so that no child or pipe outlives the event loop.
+            await _reap(proc)
+            raise
         try:
             reply = json.loads(out.decode() or "{}")
         except json.JSONDecodeError:
@@ -205,3 +210,12 @@ class LocalExecutor:
 
     async def close(self) -> None:
         return None
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill a wrapper still running and wait for it (shielded: a second cancel leaves the wait running)."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(BaseException):
+        await asyncio.shield(proc.wait())

@@ -310,12 +310,12 @@ class Request:
 
 
 @st.composite
-def requests(draw: st.DrawFn, api: Api, group: str) -> Request:
+def requests(draw: st.DrawFn, api: Api, group: str, only: str | None = None) -> Request:
     ops = sorted(
         (m, p, op)
         for p, item in api.doc["paths"].items()
         for m, op in item.items()
-        if group_of(m, p) == group
+        if group_of(m, p) == group and only in (None, f"{m.upper()} {p}")
     )
     method, template, op = draw(st.sampled_from(ops))
     path = template
@@ -448,6 +448,16 @@ def test_random_requests_never_5xx_always_json_errors_and_store_nothing(api: Api
     ops = {
         f"{m.upper()} {p}" for p, item in api.doc["paths"].items() for m in item if group_of(m, p) == group
     }
+    # The draw over a group's operations is not uniform: one can go unfired in a run (seen once in CI).
+    # Each such operation gets a short run of its own, so that every operation is fuzzed in every run.
+    for missed in sorted(ops - {hit.split(" -> ")[0] for hit in api.hits}):
+
+        @settings(FUZZ, max_examples=EXAMPLES // 5)
+        @given(req=requests(api, group, only=missed))
+        def run_missed(req: Request) -> None:
+            fire(api, req)
+
+        run_missed()
     fired = {hit.split(" -> ")[0] for hit in api.hits}
     assert ops <= fired, f"never fired: {sorted(ops - fired)}"
     assert api.cl.healthz() is not None

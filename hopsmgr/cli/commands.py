@@ -255,6 +255,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
+    if args.dry_run:  # checked as a submission, forecast as if submitted now, nothing stored
+        return _emit(args, client.post(f"{API}/forecasts", submit_body(args)), render.dry_run_text)
     doc = client.post(f"{API}/jobs", submit_body(args))
     return _emit(args, doc, lambda d: str(d.get("id")))
 
@@ -275,7 +277,18 @@ def cmd_cancel(args: argparse.Namespace, client: ApiClient) -> int:
 
 
 def cmd_explain(args: argparse.Namespace, client: ApiClient) -> int:
-    return _emit(args, client.get(_job_path(args.job, "/explain")), render.explain_text)
+    doc = client.get(_job_path(args.job, "/explain"), {"gpus": args.gpus})
+    return _emit(args, doc, render.explain_text)
+
+
+def _gpu_counts(text: str) -> str:
+    """`explain --gpus`: GPU counts separated by commas ("2,4"), each a positive integer."""
+    items = [item.strip() for item in text.split(",")]
+    if not items or any(not item.isdigit() or int(item) <= 0 for item in items):
+        raise argparse.ArgumentTypeError(
+            f"expected positive GPU counts separated by commas (2,4), got {text!r}"
+        )
+    return ",".join(items)
 
 
 def _write(text: str) -> None:
@@ -568,6 +581,11 @@ def register(subparsers: Any) -> None:
     submit.add_argument(
         "--cpus", type=_positive_number, metavar="N", help="CPU limit of each attempt on a node (e.g. 4, 0.5)"
     )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the job and forecast its start and end as if submitted now; nothing is submitted",
+    )
     submit.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command and its arguments")
 
     queue = _add(subparsers, "queue", cmd_queue, "list jobs in queue order", common)
@@ -585,9 +603,16 @@ def register(subparsers: Any) -> None:
     for name, func, help_text in (
         ("show", cmd_show, "a job's details, history and attempts"),
         ("cancel", cmd_cancel, "cancel a job (a running attempt is stopped)"),
-        ("explain", cmd_explain, "why a job waits, or runs where it does"),
     ):
         _add(subparsers, name, func, help_text, common).add_argument("job", help="job id, e.g. j-000001")
+    explain = _add(subparsers, "explain", cmd_explain, "why a job waits, or runs where it does", common)
+    explain.add_argument("job", help="job id, e.g. j-000001")
+    explain.add_argument(
+        "--gpus",
+        type=_gpu_counts,
+        metavar="COUNTS",
+        help="also forecast the waiting job had it asked for these GPU counts (2,4)",
+    )
 
     logs = _add(subparsers, "logs", cmd_logs, "the output of a job's latest attempt", common)
     logs.add_argument("job", help="job id")

@@ -229,6 +229,37 @@ def _forecast_line(forecast: Mapping[str, Any] | None, what: str) -> str:
     return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures)"
 
 
+def _what_if_lines(what_if: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    if not what_if:
+        return []
+    gpus = ",".join(str(g) for g in what_if.get("gpus") or [])
+    forecast = what_if.get("forecast")
+    if not forecast:
+        return [(f"with {gpus} GPUs", str(what_if.get("note") or DASH))]
+    return [
+        (f"with {gpus} GPUs: start", _forecast_line(forecast, "start")),
+        (f"with {gpus} GPUs: end", _forecast_line(forecast, "finish")),
+    ]
+
+
+def dry_run_text(doc: Mapping[str, Any]) -> str:
+    """`submit --dry-run`: the job as the master would take it, and its forecast; nothing submitted."""
+    gpus = ",".join(str(g) for g in doc.get("gpus") or [])
+    forecast = doc.get("forecast")
+    pairs = [
+        ("tenant", str(doc.get("tenant", DASH))),
+        ("user", str(doc.get("user", DASH))),
+        ("gpus", gpus or DASH),
+        ("forecast start", _forecast_line(forecast, "start")),
+        ("forecast end", _forecast_line(forecast, "finish")),
+    ]
+    if doc.get("note"):
+        pairs.append(("note", str(doc["note"])))
+    return "\n".join(
+        ["dry run: the master would accept this job (nothing was submitted)", key_values(pairs, indent="  ")]
+    )
+
+
 def explain_text(doc: Mapping[str, Any]) -> str:
     """`explain`: why a job waits or runs where it does."""
     window = doc.get("window")
@@ -269,6 +300,7 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
         ("forecast start", _forecast_line(doc.get("forecast"), "start")),
         ("forecast end", _forecast_line(doc.get("forecast"), "finish")),
+        *_what_if_lines(doc.get("what_if")),
         ("last round", round_line),
     ]
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]

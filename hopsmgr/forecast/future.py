@@ -70,9 +70,19 @@ class FutureOptions:
 
 
 def _template(job: Job, profiled: Sequence[Job]) -> Job | None:
-    same = [p for p in profiled if p.spec.model and p.spec.model == job.spec.model]
-    pool = same or list(profiled)
-    return max(pool, key=lambda p: (p.submitted, p.id)) if pool else None
+    """Whose profile a job not profiled yet borrows: the latest profiled job of the same model, else of
+    the same user and name, else of the same user, else the latest of all."""
+    spec = job.spec
+    for alike in (
+        lambda p: bool(spec.model) and p.spec.model == spec.model,
+        lambda p: bool(spec.name) and (p.spec.user, p.spec.name) == (spec.user, spec.name),
+        lambda p: p.spec.user == spec.user,
+        lambda p: True,
+    ):
+        pool = [p for p in profiled if alike(p)]
+        if pool:
+            return max(pool, key=lambda p: (p.submitted, p.id))
+    return None
 
 
 class Future(Simulation):
@@ -200,10 +210,14 @@ class Future(Simulation):
         if change.new in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
             self.open.discard(change.job_id)
 
-    def go(self) -> None:
+    def go(self, only: str | None = None) -> None:
+        """Run until every live job ended, or (`only`) until that one has."""
         # first a fragment plan now, as the live machine asks for one when work waits beside idle GPUs
         self.feed(RoundTick("future-fragment", "fragment"))
-        self.advance(until=lambda: not self.open)
+        if only is None:
+            self.advance(until=lambda: not self.open)
+        else:
+            self.advance(until=lambda: only not in self.open)
 
 
 def _workload(spec: JobSpec, at: float, model: str, job_id: str | None = None) -> WorkloadJob:

@@ -27,7 +27,10 @@ class ForecastSettings:
     future: FutureOptions = field(default_factory=FutureOptions)
 
 
-def forecast(live: LiveState, settings: ForecastSettings, timer: Timer) -> dict[str, JobForecast]:
+def forecast(
+    live: LiveState, settings: ForecastSettings, timer: Timer, only: str | None = None
+) -> dict[str, JobForecast]:
+    """Every live job's forecast, or (`only`) that one job's: each future then stops once it ended."""
     t0 = timer()
     waiting = {j.id for j in live.jobs if j.state in WAITING}
     starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
@@ -35,13 +38,15 @@ def forecast(live: LiveState, settings: ForecastSettings, timer: Timer) -> dict[
     runs = 0
     while runs < settings.max_futures and (runs < settings.min_futures or timer() - t0 < settings.budget_s):
         future = Future(live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator))
-        future.go()
+        future.go(only)
         runs += 1
-        for job_id in future.forecastable:
+        for job_id in future.forecastable if only is None else future.forecastable & {only}:
             starts[job_id].append(future.started.get(job_id, math.inf))
             finishes[job_id].append(future.finished.get(job_id, math.inf))
     out: dict[str, JobForecast] = {}
     for job in live.jobs:
+        if only is not None and job.id != only:
+            continue
         s, f = starts[job.id], finishes[job.id]
         if not f:
             continue

@@ -21,10 +21,12 @@ from aiohttp import web
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.master import heartbeats, identity, views
 from hopsmgr.master.controller import Controller, Principal, RequestError
+from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.store import StoreError
+from hopsmgr.master.whatif import WhatIfs
 from hopsmgr.protocol import (
     ID,
     JOB_ID_PATTERN,
@@ -42,6 +44,8 @@ MAX_BODY = 64 * 1024
 CTL = web.AppKey("controller", Controller)
 LOOP = web.AppKey("rounds", RoundLoop)
 CLUSTER_TOKEN = web.AppKey("cluster_token", str)
+FORECASTER = web.AppKey("forecaster", Forecaster)
+WHAT_IFS = web.AppKey("what_ifs", WhatIfs)
 _DECIMAL = re.compile(r"-?[0-9]{1,12}")
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,6 +59,7 @@ def error_response(status: int, field: str | None, message: str) -> web.Response
 QUERY_PARAMETERS: dict[str, frozenset[str]] = {
     "/api/v1/jobs": frozenset({"state", "tenant", "user", "limit"}),
     "/api/v1/jobs/{job}/logs": frozenset({"tail"}),
+    "/api/v1/jobs/{job}/explain": frozenset({"gpus"}),
 }
 TOKEN_ID = "[0-9a-f]{16}"
 
@@ -232,7 +237,18 @@ async def job_logs(request: web.Request) -> web.Response:
 async def explain_job(request: web.Request) -> web.Response:
     ctl = request.app[CTL]
     row = ctl.visible(principal(request), job_id(request))
-    return web.json_response(views.explain(ctl, row))
+    doc = views.explain(ctl, row)
+    gpus = request.query.get("gpus")
+    if gpus is not None:  # what if it asked for these GPU counts instead
+        doc["what_if"] = await request.app[WHAT_IFS].other_gpus(row["id"], gpus)
+    return web.json_response(doc)
+
+
+async def dry_run(request: web.Request) -> web.Response:
+    """The forecast of a job as if submitted now: checked as a submission, nothing stored."""
+    who = principal(request)
+    sub = parse_submission(await body(request))
+    return web.json_response(await request.app[WHAT_IFS].dry_run(who, sub))
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -374,6 +390,8 @@ def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str) -> web.Applic
     app[CTL] = ctl
     app[LOOP] = loop
     app[CLUSTER_TOKEN] = cluster_token
+    app[FORECASTER] = forecaster = Forecaster(ctl)
+    app[WHAT_IFS] = WhatIfs(ctl, forecaster)
     r = app.router
     r.add_get("/healthz", healthz)
     r.add_get("/metrics", metrics)
@@ -384,6 +402,7 @@ def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str) -> web.Applic
     r.add_post("/api/v1/jobs/{job}/cancel", cancel_job)
     r.add_get("/api/v1/jobs/{job}/logs", job_logs)
     r.add_get("/api/v1/jobs/{job}/explain", explain_job)
+    r.add_post("/api/v1/forecasts", dry_run)
     r.add_get("/api/v1/nodes", list_nodes)
     r.add_get("/api/v1/nodes/{node}", show_node)
     r.add_post("/api/v1/nodes/{node}/drain", _drain(True))

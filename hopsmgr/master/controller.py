@@ -417,9 +417,9 @@ class Controller:
 
     # -- jobs -------------------------------------------------------------------------------------------
 
-    async def submit(self, who: Principal, sub: Submission, run_as: str = "") -> dict[str, Any]:
-        """Validate, hand to the machine and store (grouped with others); the job's row once committed.
-        `run_as`: the Unix account its attempts run as (checked by hopsmgr.master.identity)."""
+    def spec_for(self, who: Principal, sub: Submission) -> JobSpec:
+        """The job a submission describes, checked as `submit` checks it (RequestError naming the field);
+        its id is "j-new". Nothing is stored: `submit` and the what-if forecasts build on it."""
         tenant = sub.tenant or who.tenant
         if not who.admin and tenant != who.tenant:
             raise RequestError(
@@ -462,6 +462,12 @@ class Controller:
         refused = self.machine.refusal(spec)
         if refused is not None:
             raise RequestError(refused.status, refused.error_field, refused.error or "refused")
+        return spec
+
+    async def submit(self, who: Principal, sub: Submission, run_as: str = "") -> dict[str, Any]:
+        """Validate, hand to the machine and store (grouped with others); the job's row once committed.
+        `run_as`: the Unix account its attempts run as (checked by hopsmgr.master.identity)."""
+        spec = self.spec_for(who, sub)
         self.job_seq += 1
         seq = self.job_seq
         job_id = f"j-{seq:06d}"
@@ -482,7 +488,7 @@ class Controller:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.submissions:
             asyncio.get_running_loop().call_later(0.002, self._store_submissions)
-        self.submissions.append((spec, payload, f"by {who.user} ({tenant})", future))
+        self.submissions.append((spec, payload, f"by {who.user} ({spec.tenant})", future))
         await future  # the job is stored (and visible) only once its transaction committed
         row = self.store.job(job_id)
         assert row is not None

@@ -74,14 +74,19 @@ class Forecaster:
                 self.seen.add(job.id)
                 self.recent.append(job.submitted)
 
+    def recent_arrivals(self, now: float) -> list[float]:
+        """Submission times of the last WINDOW_S (the arrival process futures draw new jobs from)."""
+        self._note_arrivals()
+        return [t for t in self.recent if t >= now - WINDOW_S]
+
     async def once(self) -> None:
         ctl = self.ctl
-        self._note_arrivals()
+        self._note_arrivals()  # also when nothing waits: the arrival process counts every submission
         if not any(j.state in WAITING for j in ctl.machine.state.jobs.values()):
             ctl.forecasts = {}
             return
         now = ctl.clock()
-        live = capture(ctl.machine, now, [t for t in self.recent if t >= now - WINDOW_S], WINDOW_S)
+        live = capture(ctl.machine, now, self.recent_arrivals(now), WINDOW_S)
         t0 = time.perf_counter()
         result = await in_daemon_thread(forecast, live, self.settings, time.perf_counter)
         self.last_s = time.perf_counter() - t0

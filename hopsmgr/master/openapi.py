@@ -31,6 +31,7 @@ from hopsmgr.schema import Anything, Arr, Bool, Int, JsonSchema, Map, Nullable, 
 
 NODE_ID_PATTERN = "[A-Za-z0-9_.-]{1,64}"
 MAX_LIMIT = 100_000
+GPUS_PATTERN = r"[0-9]{1,4}(,[0-9]{1,4}){0,63}"  # explain's what-if GPU counts: "2,4"
 MAX_TAIL = 1 << 20
 TEXT = Str(max_len=1 << 24, replace_nul=True)
 MANY = 1 << 20
@@ -138,6 +139,22 @@ TENANT_FIELDS: dict[str, Spec] = {
     ),
 }
 TENANT = answer("Tenant", TENANT_FIELDS)
+WHAT_IF = answer(
+    "WhatIf",
+    {"gpus": Arr(Int(1), 64), "forecast": FORECAST, "note": Nullable(TEXT)},
+)
+DRY_RUN = answer(
+    "DryRun",
+    {
+        "tenant": ID,
+        "user": TEXT,
+        "name": TEXT,
+        "gpus": Arr(Int(1), 64),
+        "total_samples": Num(),
+        "forecast": FORECAST,
+        "note": Nullable(TEXT),
+    },
+)
 EXPLAIN = answer(
     "Explanation",
     {
@@ -162,6 +179,7 @@ EXPLAIN = answer(
         "reason": Nullable(TEXT),
         "forecast": FORECAST,
         "quota": TENANT,
+        "what_if": Nullable(WHAT_IF),  # with ?gpus=2,4: the forecast had it asked for those counts
         "round": Nullable(
             answer("Round", {"time": Num(), "kind": TEXT, "method": TEXT, "proven": Nullable(Bool())})
         ),
@@ -255,6 +273,7 @@ _REASONS = {
     409: "conflict (the job has ended; another protocol version; the user exists; acting on oneself)",
     413: "body over 64 KiB",
     422: "valid, but the cluster can never meet it",
+    429: "too many what-if forecasts in line: try again soon",
     503: "the master cannot write its state",
 }
 
@@ -379,8 +398,24 @@ def openapi_document() -> dict[str, Any]:
                     "explainJob",
                     "Why a job waits or runs where it does",
                     EXPLAIN,
-                    errors=(404,),
-                    params=[job],
+                    errors=(404, 409, 422, 429),
+                    params=[
+                        job,
+                        _query(
+                            "gpus",
+                            Str(max_len=320, pattern=GPUS_PATTERN).json_schema(),
+                            description="GPU counts (2,4): also forecast the waiting job had it asked for these",
+                        ),
+                    ],
+                )
+            },
+            "/api/v1/forecasts": {
+                "post": _op(
+                    "dryRun",
+                    "Forecast a job as if submitted now (a dry run: checked as a submission, nothing stored)",
+                    DRY_RUN,
+                    body=SUBMISSION,
+                    errors=(403, 422, 429),
                 )
             },
             "/api/v1/nodes": {

@@ -26,7 +26,7 @@ from aiohttp import web
 from hopsmgr.config import ClusterConfig
 from hopsmgr.logs import configure_logging
 from hopsmgr.master import commands, dashboard, identity
-from hopsmgr.master.api import make_app
+from hopsmgr.master.api import FORECASTER, make_app
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import Executor, LocalExecutor
 from hopsmgr.master.forecasts import Forecaster
@@ -253,7 +253,7 @@ class MasterProcess:
         if self.lease is not None:
             write_leader(store, LeaderInfo(self.advertised(), ctl.started, ctl.epoch))
         self.loop = loop
-        self.forecaster = Forecaster(ctl)
+        self.forecaster = app[FORECASTER]
         self.tasks += [
             asyncio.create_task(loop.run()),
             asyncio.create_task(loop.health()),

@@ -179,6 +179,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "reason": summary["reason"],
         "forecast": summary["forecast"],
         "quota": tenant_view(ctl, tenant),
+        "what_if": None,  # the API fills it in for ?gpus= (hopsmgr.master.whatif)
         "round": None
         if plan is None
         else {"time": plan.now, "kind": plan.kind, "method": plan.stats.method, "proven": plan.stats.proven},

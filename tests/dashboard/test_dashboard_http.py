@@ -5,8 +5,13 @@ server-sent event stream. A real master with real agents (tests/dashboard/confte
 from __future__ import annotations
 
 import html
+import json
+import os
 import re
+import subprocess
+import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -159,5 +164,61 @@ def test_forecasts_reach_the_api_explain_and_the_queue_page(dash: Dash) -> None:
     page = dash.browser().request("GET", "/ui/queue", headers={"Authorization": f"Bearer {ana}"}).text
     row = next(r for r in page.split("<tr>") if f"/ui/jobs/{waiting}" in r)
     assert "in " in row and "P90" in row
+    running = next(j for j, state in states().items() if state == "RUNNING")
+    what_ifs_answer_and_store_nothing(dash, waiting, running)
     for j in ids:
         dash.api("POST", f"/api/v1/jobs/{j}/cancel", token=ana)
+
+
+def refused(
+    dash: Dash, method: str, path: str, body: Any = None, token: str | None = None
+) -> tuple[int, Any]:
+    try:
+        dash.api(method, path, body, token)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)["error"]
+    raise AssertionError(f"{method} {path} was not refused")
+
+
+def what_ifs_answer_and_store_nothing(dash: Dash, waiting: str, running: str) -> None:
+    """`submit --dry-run` and `explain --gpus`, over the API and through the CLI, on a live queue."""
+    ana, bo = dash.tokens["ana"], dash.tokens["bo"]
+    stored = [j["id"] for j in dash.api("GET", "/api/v1/jobs?limit=1000")["jobs"]]
+    dry = dash.api("POST", "/api/v1/forecasts", job(300_000, "vision", [2], name="maybe"), ana)
+    assert (dry["tenant"], dry["user"], dry["name"], dry["gpus"]) == ("vision", "ana", "maybe", [2])
+    f = dry["forecast"]
+    assert f is not None and f["futures"] >= 2, dry  # it borrows the speed of ana's jobs alike
+    assert f["made"] <= f["start_p50"] <= f["start_p90"] < f["finish_p50"]
+    assert [j["id"] for j in dash.api("GET", "/api/v1/jobs?limit=1000")["jobs"]] == stored  # nothing stored
+    # checked as a submission is: the same refusals, naming the field
+    assert refused(dash, "POST", "/api/v1/forecasts", job(10, "vision", [64]), ana)[1]["field"] == "gpus"
+    assert refused(dash, "POST", "/api/v1/forecasts", job(10, "vision"), bo)[:1] == (403,)
+    assert refused(dash, "POST", "/api/v1/forecasts", {"gpus": [1]}, ana)[0] == 400
+    # the waiting job, had it asked for one GPU: one is free sooner than two
+    one = dash.api("GET", f"/api/v1/jobs/{waiting}/explain?gpus=1", token=ana)
+    assert one["what_if"]["gpus"] == [1] and one["what_if"]["forecast"]["start_p50"] is not None
+    assert dash.api("GET", f"/api/v1/jobs/{waiting}/explain", token=ana)["what_if"] is None
+    assert dash.api("GET", f"/api/v1/jobs/{waiting}", token=ana)["gpus"] == [2]  # unchanged
+    for gpus, status in (("0", 400), ("2,x", 400), ("64", 422)):
+        code, error = refused(dash, "GET", f"/api/v1/jobs/{waiting}/explain?gpus={gpus}", token=ana)
+        assert (code, error["field"]) == (status, "gpus"), (gpus, error)
+    assert refused(dash, "GET", f"/api/v1/jobs/{running}/explain?gpus=1", token=ana)[0] == 409
+    assert refused(dash, "GET", f"/api/v1/jobs/{waiting}/explain?gpus=1", token=bo)[0] == 404
+    # the CLI
+    env = {"HOPSMGR_URL": dash.url, "HOPSMGR_TOKEN": ana, "PATH": os.environ["PATH"]}
+    command = [sys.executable, "-m", "hopsmgr.cli.main"]
+    submit = [*command, "submit", "--dry-run", "--gpus", "2", "--batch-size", "16", "--iters", "300000"]
+    out = subprocess.run(
+        [*submit, "--", "python", "train.py"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert (
+        "nothing was submitted" in out.stdout
+        and "forecast start:" in out.stdout
+        and "sampled futures" in out.stdout
+    )
+    out = subprocess.run(
+        [*command, "explain", waiting, "--gpus", "1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "with 1 GPUs: start:" in out.stdout, (out.stdout, out.stderr)
+    assert [j["id"] for j in dash.api("GET", "/api/v1/jobs?limit=1000")["jobs"]] == stored

@@ -1,0 +1,96 @@
+"""What-if forecasts in the pure core (hopsmgr.forecast.whatif): a job not submitted yet, a waiting
+job with other GPU counts, and futures that stop once the one job asked about has ended."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import JobSpec, RequirementSet
+from hopsmgr.forecast.future import Future, LiveState, capture
+from hopsmgr.forecast.run import forecast
+from hopsmgr.forecast.whatif import (
+    WHAT_IF_ID,
+    NotWaiting,
+    forecast_job,
+    with_new_job,
+    with_requirements,
+)
+from tests.forecast.test_forecast import EXACT, NO_PREEMPTION, started
+
+
+def live_state() -> LiveState:
+    sim = started(2.0)  # j0 runs on the four GPUs; j1 and j2 wait
+    return capture(sim.machine, sim.now, next_round=sim.next_round)
+
+
+def spec_like(live: LiveState, job_id: str, **changes: Any) -> JobSpec:
+    found = next(j for j in live.jobs if j.id == job_id)
+    return replace(found.spec, id="j-new", **changes)
+
+
+def test_a_job_not_submitted_is_forecast_in_hops_order_and_nothing_live_changes() -> None:
+    live = live_state()
+    before = copy.deepcopy(live)
+    queue = forecast(live, NO_PREEMPTION, time.perf_counter)
+    # as long as the longest waiting job: submitted last, it starts after every job waiting
+    long = forecast_job(
+        with_new_job(live, spec_like(live, "j2")), WHAT_IF_ID, time.perf_counter, NO_PREEMPTION
+    )
+    assert long is not None and long.start_p50 is not None and long.finish_p50 is not None
+    assert long.start_p50 == queue["j2"].finish_p50 and long.finish_p50 > long.start_p50
+    # as short as the running job: its latency ratio grows fastest, so it goes first when GPUs free
+    short = forecast_job(
+        with_new_job(live, spec_like(live, "j0")), WHAT_IF_ID, time.perf_counter, NO_PREEMPTION
+    )
+    assert short is not None and short.start_p50 == queue["j0"].finish_p50
+    assert live == before  # the what-ifs worked on copies
+    assert long.made == short.made == live.now
+
+
+def test_a_what_if_job_borrows_the_profile_of_a_job_alike() -> None:
+    live = live_state()
+    new = with_new_job(live, spec_like(live, "j0", model="", name="nothing-alike", user="someone-else"))
+    assert forecast_job(new, WHAT_IF_ID, time.perf_counter, EXACT) is not None
+    # with no profiled job at all there is nothing to take its speed from: no forecast
+    empty = replace(live, jobs=(), attempts=(), estimator=Estimator().export_state())
+    lone = with_new_job(empty, spec_like(live, "j0"))
+    assert forecast_job(lone, WHAT_IF_ID, time.perf_counter, EXACT) is None
+
+
+def test_other_gpu_counts_change_only_that_jobs_requirements() -> None:
+    live = live_state()
+    halved = with_requirements(live, "j2", RequirementSet.of([2]))
+    changed = {j.id: j.spec for j in halved.jobs}
+    assert changed["j2"].requirements.counts == (2,)
+    assert {j: s for j, s in changed.items() if j != "j2"} == {
+        j.id: j.spec for j in live.jobs if j.id != "j2"
+    }
+    four = forecast_job(live, "j2", time.perf_counter, NO_PREEMPTION)
+    two = forecast_job(halved, "j2", time.perf_counter, NO_PREEMPTION)
+    assert four is not None and two is not None
+    assert four.start_p50 is not None and four.finish_p50 is not None
+    assert two.start_p50 is not None and two.finish_p50 is not None
+    # the same work on half the GPUs takes longer once it runs
+    assert two.finish_p50 - two.start_p50 > four.finish_p50 - four.start_p50
+    with pytest.raises(NotWaiting):
+        with_requirements(live, "j0", RequirementSet.of([2]))  # it runs
+    with pytest.raises(KeyError):
+        with_requirements(live, "nope", RequirementSet.of([2]))
+
+
+def test_a_future_asked_about_one_job_stops_once_it_ended() -> None:
+    live = live_state()
+    everything = Future(live, 0, EXACT.future, Estimator.from_state(live.estimator))
+    everything.go()
+    only = Future(live, 0, EXACT.future, Estimator.from_state(live.estimator))
+    only.go("j1")
+    assert only.finished["j1"] == everything.finished["j1"]  # the same future, cut short
+    assert "j2" in everything.finished and "j2" not in only.finished
+    one = forecast_job(live, "j1", time.perf_counter, EXACT)
+    assert one is not None and one.finish_p50 == everything.finished["j1"]

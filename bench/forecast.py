@@ -140,7 +140,9 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         world,
         cluster.servers,
         burst,
-        ForecastPolicy(args.round_s),  # only to reach a busy state quickly; the forecast is what is timed
+        ForecastPolicy(
+            replace(cluster.scheduler, round_seconds=args.round_s)
+        ),  # only to reach a busy state quickly; the forecast is what is timed
         SimOptions(seed=args.seed, profiling=False),
         time.perf_counter,
         tenants=cluster.tenant_map(),

@@ -165,6 +165,27 @@ def profiling_runs(
     return runs
 
 
+def queue_order(
+    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings
+) -> tuple[dict[JobId, float], frozenset[JobId], list[JobView]]:
+    """The queue as plans take it: each job's priority value (with the tenants' fair-share factors),
+    the jobs owed GPUs under their tenant's guarantee, and the jobs in order (those owed first)."""
+    ctx = priority_context(snapshot, estimator)
+    if settings.fairshare and snapshot.tenant_usage:
+        share = fairshare.factors(
+            snapshot.tenant_usage,
+            ctx.tenant_weight,
+            (v.spec.tenant for v in snapshot.jobs),
+            settings.fairshare_strength,
+        )
+        weights_now = {t: ctx.weight_of(t) * f for t, f in share.items()}
+        ctx = replace(ctx, tenant_weight=weights_now)
+    values = _priorities(snapshot, ctx, settings)
+    owed = quota.entitled(snapshot.jobs, snapshot.tenants, values)
+    ordered = order_queue(snapshot.jobs, values)
+    return values, owed, [v for v in ordered if v.id in owed] + [v for v in ordered if v.id not in owed]
+
+
 def plan_round(
     snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings, timer: Timer | None = None
 ) -> Plan:
@@ -200,20 +221,7 @@ def _plan(
         for sid, g in config.parts:
             held[sid] = held.get(sid, 0) + g
 
-    ctx = priority_context(snapshot, estimator)
-    if settings.fairshare and snapshot.tenant_usage:
-        share = fairshare.factors(
-            snapshot.tenant_usage,
-            ctx.tenant_weight,
-            (v.spec.tenant for v in snapshot.jobs),
-            settings.fairshare_strength,
-        )
-        weights_now = {t: ctx.weight_of(t) * f for t, f in share.items()}
-        ctx = replace(ctx, tenant_weight=weights_now)
-    values = _priorities(snapshot, ctx, settings)
-    owed = quota.entitled(snapshot.jobs, snapshot.tenants, values)
-    ordered = order_queue(snapshot.jobs, values)
-    ordered = [v for v in ordered if v.id in owed] + [v for v in ordered if v.id not in owed]
+    values, owed, ordered = queue_order(snapshot, estimator, settings)
     weights = ilp_weights(values, settings.lambda_)
     for jid in owed:
         weights[jid] *= quota.GUARANTEE_BOOST

@@ -31,6 +31,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobSpec, JobView, Server, ServerId, TenantQuota
 from hopsmgr.core.priority import PriorityContext, remaining_run_s
+from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.world import EstimatedWorld
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED
@@ -56,6 +57,7 @@ class LiveState:
     window_s: float = 6 * 3600.0  # the span `recent` covers
     round_s: float = 300.0
     next_round: float = 0.0
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +120,8 @@ class Future(Simulation):
             max_sim_s=options.horizon_s,
             seed=seed,
         )
-        policy = ForecastPolicy(live.round_s * options.round_every, keep_bonus=options.keep_bonus)
+        scheduler = replace(live.scheduler, round_seconds=live.round_s * options.round_every)
+        policy = ForecastPolicy(scheduler, keep_bonus=options.keep_bonus)
         super().__init__(
             world,
             live.servers,
@@ -352,4 +355,5 @@ def capture(
         window_s=window_s,
         round_s=round_s,
         next_round=now + round_s if next_round is None else next_round,
+        scheduler=s.scheduler,
     )

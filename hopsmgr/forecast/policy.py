@@ -1,26 +1,35 @@
-"""The plan forecasts run with: Hops' queue order, placed greedily (fast enough for hundreds of rounds).
+"""The plan forecasts run with: Hops' queue and service window, placed greedily (fast enough for
+hundreds of simulated rounds).
 
 A forecast plans every simulated round, so it cannot afford the Hops planner's program (about a
-second for 1,000 jobs on 512 GPUs). This policy orders jobs by the priority the Hops policy uses
-(latency ratio times tenant weight, hopsmgr.core.priority) and places each at its smallest GPU count on
-the fastest profiled GPU type with room (best fit, fewest servers: hopsmgr.policies.placement.pack),
-within its tenant's cap, skipping jobs that do not fit (backfill). Fragment plans keep what runs; first
-plans rank running jobs with `keep_bonus` added to their priority, so a waiting job whose latency ratio
-is that much higher takes a running job's GPUs (the running job is checkpointed and queued again), as
-Hops' rounds preempt for the jobs that waited longest. What it leaves out of Hops' plan: the
-program's weighing of restart costs, moves, and larger counts of a requirement set.
+second for 1,000 jobs on 512 GPUs). This policy takes the queue as the Hops planner takes it
+(hopsmgr.core.planner.queue_order: the same priority values, fair-share factors, and the jobs owed
+GPUs under their tenant's guarantee first) and the same service window (hopsmgr.core.window: the head
+of the queue whose smallest requests fill the cluster; a job behind it waits, even beside idle GPUs,
+so that wide jobs are not starved by narrow ones filling every gap), and places each window job at its
+smallest GPU count on the fastest profiled GPU type with room (best fit, fewest servers:
+hopsmgr.policies.placement.pack), within its tenant's cap.
+
+Fragment plans keep what runs and fill idle GPUs from the window of waiting jobs. First plans keep
+the running jobs the planner protects (hopsmgr.core.program.protected), then go through the window
+with `keep_bonus` added to a running job's priority, so that a waiting job whose priority is that much
+higher takes a running job's GPUs (a preemption), as Hops' rounds preempt for the jobs that waited
+longest; running jobs behind the window keep what they hold where it is still free. What it leaves
+out of Hops' plan: the program's weighing of restart costs and moves, and larger counts of a
+requirement set.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, Server, ServerId
 from hopsmgr.core.plan import SolverStats
-from hopsmgr.core.planner import Plan, PlanKind, priority_context
-from hopsmgr.core.priority import order_queue, priority_values
+from hopsmgr.core.planner import Plan, PlanKind, queue_order
+from hopsmgr.core.program import protected
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.core.window import service_window
 from hopsmgr.policies.placement import (
     fits,
     idle_after,
@@ -36,37 +45,44 @@ Timer = Callable[[], float]
 
 class ForecastPolicy:
     name = "forecast"
-    description = "Hops order (latency ratio x weight), greedy placement at the smallest count"
+    description = "Hops queue and window, greedy placement at the smallest count"
     fragment_plans = True
 
-    def __init__(
-        self, round_seconds: float, priority: str = "latency_ratio", keep_bonus: float = 0.25
-    ) -> None:
-        self.round_seconds = round_seconds
-        self.priority = priority
+    def __init__(self, settings: SchedulerSettings, keep_bonus: float = 0.25) -> None:
+        self.settings = settings
+        self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
-        """Fragment plans keep what runs and fill idle GPUs; first plans go through all jobs by priority,
-        so a waiting job well ahead of a running one (by `keep_bonus`) may take its GPUs (a preemption)."""
         t0 = timer()
         capacity = usable_capacity(snapshot)
         by_type = servers_by_type(snapshot, capacity)
         free = dict(capacity)
-        ctx = priority_context(snapshot, estimator)
-        values = priority_values(self.priority, snapshot.jobs, ctx)
+        total = sum(capacity.values())
+        values, owed, ordered = queue_order(snapshot, estimator, self.settings)
+        placeable = [v for v in ordered if _profiled(v.spec, by_type, estimator)]
         assignments: dict[str, Config] = {}
-        used: dict[str, int] = {}
+        keep_only: set[str] = set()  # running jobs behind the window: what they hold, or nothing
         if kind == "first":
-            ranked = {v.id: values[v.id] + self._bonus(v) for v in snapshot.jobs}
-            order = order_queue(snapshot.jobs, ranked)
+            window = service_window(placeable, total, self.settings.window)
+            kept = kept_placements([v for v in placeable if protected(v, self.settings.min_attempt_s)], free)
+            assignments.update(kept)
+            in_window = {v.id for v in window}
+            # running jobs behind the window may keep what they hold (and only that), ranked with the rest
+            keep_only = {v.id for v in placeable if v.current is not None and v.id not in in_window}
+            order = sorted(
+                (v for v in placeable if v.id not in kept and (v.id in in_window or v.id in keep_only)),
+                key=lambda v: (v.id not in owed, -(values[v.id] + (self.keep_bonus if v.current else 0.0))),
+            )
         else:
-            running = [v for v in snapshot.jobs if v.current is not None]
-            assignments = kept_placements(running, free)
-            for view in running:
-                if view.id in assignments:
-                    used[view.spec.tenant] = used.get(view.spec.tenant, 0) + assignments[view.id].gpus
-            order = order_queue([v for v in snapshot.jobs if v.id not in assignments], values)
+            assignments.update(kept_placements([v for v in snapshot.jobs if v.current is not None], free))
+            waiting = [v for v in placeable if v.current is None]
+            order = service_window(waiting, total, self.settings.window)
+        used: dict[str, int] = {}
+        by_id = {v.id: v for v in snapshot.jobs}
+        for jid, held in assignments.items():
+            tenant = by_id[jid].spec.tenant
+            used[tenant] = used.get(tenant, 0) + held.gpus
         room = sum(free.values())
         for view in order:
             need = view.spec.requirements.minimum
@@ -76,8 +92,11 @@ class ForecastPolicy:
             cap = quota.cap_gpus if quota is not None else None
             if cap is not None and used.get(view.spec.tenant, 0) + need > cap:
                 continue
-            config = view.current if view.current is not None and fits(view.current, free) else None
-            config = config or _place(view.spec, by_type, free, estimator)
+            config: Config | None = None
+            if view.current is not None and fits(view.current, free):
+                config = view.current
+            elif view.id not in keep_only:
+                config = _place(view.spec, by_type, free, estimator)
             if config is None:
                 continue
             take(config, free)
@@ -94,12 +113,9 @@ class ForecastPolicy:
             idle_gpus=idle_after(capacity, assignments),
         )
 
-    def _bonus(self, view: JobView) -> float:
-        """What a placed job adds to its rank in a first plan: `keep_bonus`, or everything for one placed
-        less than a round ago (a launch is never stopped before it started; no stop right after a start)."""
-        if view.current is None:
-            return 0.0
-        return math.inf if view.attempt_s < self.round_seconds else self.keep_bonus
+
+def _profiled(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], est: Estimator) -> bool:
+    return any(est.has_profile(job.id, gpu_type) for gpu_type in by_type)
 
 
 def _place(

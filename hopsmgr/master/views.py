@@ -132,7 +132,13 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
 
 
 async def latest_log(ctl: Controller, row: dict[str, Any], tail: int) -> tuple[str | None, str]:
-    attempts = [a for a in ctl.store.attempts(row["id"]) if a["started"] is not None or a["ended"] is None]
+    # attempts that ran (one may end before the master saw it start: a short script, an agent's late
+    # beat) or still may; not the second half of a move that never launched
+    attempts = [
+        a
+        for a in ctl.store.attempts(row["id"])
+        if a["started"] is not None or a["ended"] is None or a["exit_code"] is not None
+    ]
     if not attempts:
         return None, ""
     attempt = attempts[-1]

@@ -52,7 +52,7 @@ def started(until_s: float, keep_bonus: float = 0.25) -> Simulation:
         world,
         CLUSTER.servers,
         workload(),
-        ForecastPolicy(300.0, keep_bonus=keep_bonus),
+        ForecastPolicy(CLUSTER.scheduler, keep_bonus=keep_bonus),
         SimOptions(profiling=False, seed=1),
         time.perf_counter,
         tenants=CLUSTER.tenant_map(),

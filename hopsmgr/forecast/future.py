@@ -68,7 +68,7 @@ class FutureOptions:
     max_arrivals: int = 2000
     checkpoint_s: float = 5.0
     round_every: float = 1.0  # > 1: periodic rounds less often than live (faster, fewer preemptions)
-    keep_bonus: float = 0.25  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
+    keep_bonus: float = 0.0  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
 
 
 def _template(job: Job, profiled: Sequence[Job]) -> Job | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, Server, ServerId
+from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, PlanKind, queue_order
 from hopsmgr.core.program import protected
@@ -48,7 +48,7 @@ class ForecastPolicy:
     description = "Hops queue and window, greedy placement at the smallest count"
     fragment_plans = True
 
-    def __init__(self, settings: SchedulerSettings, keep_bonus: float = 0.25) -> None:
+    def __init__(self, settings: SchedulerSettings, keep_bonus: float = 0.0) -> None:
         self.settings = settings
         self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
@@ -103,6 +103,8 @@ class ForecastPolicy:
             room -= config.gpus
             used[view.spec.tenant] = used.get(view.spec.tenant, 0) + config.gpus
             assignments[view.id] = config
+        grown = [v for v in order if v.current is None and v.id in assignments]
+        _grow(grown, assignments, snapshot, free, used, estimator)
         t1 = timer()
         return Plan(
             kind=kind,
@@ -132,3 +134,56 @@ def _place(
         if config is not None:
             return config
     return None
+
+
+def _grow(
+    views: Sequence[JobView],
+    assignments: dict[str, Config],
+    snapshot: ClusterSnapshot,
+    free: dict[ServerId, int],
+    used: dict[str, int],
+    est: Estimator,
+) -> None:
+    """GPUs still idle go to the jobs this plan starts, in queue order: each takes the largest count of
+    its requirement set that fits on its GPU type and runs it faster (as Hops' program gives an
+    elastic job more GPUs where nothing else wants them), within its tenant's cap."""
+    servers = snapshot.server_map()
+    for view in views:
+        config = assignments[view.id]
+        gpu_type = servers[config.parts[0][0]].gpu_type
+        pool = sorted(
+            (s for s in snapshot.servers if s.gpu_type == gpu_type and s.id in free),
+            key=lambda s: (s.order, s.id),
+        )
+        quota = snapshot.tenants.get(view.spec.tenant)
+        cap = quota.cap_gpus if quota is not None else None
+        best, best_rate = config, _rate(view.spec, config, servers, est)
+        for count in (c for c in view.spec.requirements.counts if c > config.gpus):
+            if cap is not None and used.get(view.spec.tenant, 0) - config.gpus + count > cap:
+                break
+            room = dict(free)
+            for sid, g in config.parts:
+                room[sid] += g
+            bigger = pack(pool, room, count)
+            if bigger is None:
+                break
+            rate = _rate(view.spec, bigger, servers, est)
+            if rate > best_rate:
+                best, best_rate = bigger, rate
+        if best is not config:
+            for sid, g in config.parts:
+                free[sid] += g
+            take(best, free)
+            used[view.spec.tenant] = used.get(view.spec.tenant, 0) - config.gpus + best.gpus
+            assignments[view.id] = best
+
+
+def _rate(job: JobSpec, config: Config, servers: Mapping[ServerId, Server], est: Estimator) -> float:
+    """The job's estimated samples/s on `config` (0 where nothing is known)."""
+    total = 0.0
+    for sid, g in config.parts:
+        per_gpu = est.per_gpu_rate(job, servers[sid], g, len(config.parts))
+        if per_gpu is None:
+            return 0.0
+        total += per_gpu * g
+    return total

@@ -45,7 +45,7 @@ def workload() -> list[WorkloadJob]:
     ]
 
 
-def started(until_s: float, keep_bonus: float = 0.25) -> Simulation:
+def started(until_s: float, keep_bonus: float = 0.0) -> Simulation:
     """The simulation with every job arrived, run to `until_s` (the first job runs, two wait)."""
     world = paper_world(seed=1)
     sim = Simulation(
@@ -84,9 +84,10 @@ def test_without_preemption_waiting_jobs_start_one_after_another_as_the_gpus_fre
 
 
 def test_the_forecast_is_close_to_what_then_happens() -> None:
-    sim = started(1000.0)  # the running job has reported its throughput a few times by then
+    # the running job has reported its throughput a few times by then; no preemption in truth nor forecast
+    sim = started(1000.0, keep_bonus=float("inf"))
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
-    result = forecast(live, EXACT, time.perf_counter)
+    result = forecast(live, NO_PREEMPTION, time.perf_counter)
     sim.advance()  # the same simulation on, at the world's true rates (the forecast knew estimates)
     # j1 waits for j0, whose rate the estimator has measured: its start is forecast closely. (j2 waits
     # for j1 too, which never ran: its forecast carries the estimator's error of an unmeasured job.)
@@ -101,7 +102,9 @@ def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
     before = copy.deepcopy(live)
-    noisy = ForecastSettings(min_futures=12, max_futures=12, future=FutureOptions(sigma=0.3, arrivals=False))
+    # without preemption j2 starts when the jobs ahead end, which the rate errors move
+    no_preemption = FutureOptions(sigma=0.3, arrivals=False, keep_bonus=float("inf"))
+    noisy = ForecastSettings(min_futures=12, max_futures=12, future=no_preemption)
     first = forecast(live, noisy, time.perf_counter)
     again = forecast(live, noisy, time.perf_counter)
     j2 = first["j2"]

@@ -237,3 +237,14 @@ def test_the_guides_say_what_is_not_done_yet() -> None:
     security = read("security.md")
     assert "## Threat model" in security and "Not enforced (yet)" in security
     assert "every job runs as the" in guide
+
+
+def test_the_unit_files_create_the_service_account_as_install_md_does() -> None:
+    def account_lines(text: str) -> list[str]:
+        found = re.findall(r"^[#\s]*((?:groupadd|useradd) [^#\n]*?)\s*(?:#.*)?$", text, flags=re.M)
+        return [" ".join(line.split()) for line in found]
+
+    install = account_lines((DOCS / "install.md").read_text(encoding="utf-8"))
+    assert install, "docs/install.md creates no service account"
+    for unit in ("hopsmgr-master.service", "hopsmgr-agent.service"):
+        assert account_lines((DOCS.parent / "systemd" / unit).read_text(encoding="utf-8")) == install, unit

@@ -37,6 +37,8 @@ BASE_GPUS: Final = "HOPS_BASE_GPUS"  # the job's smallest GPU count (R1)
 LR_SCALE: Final = "HOPS_LR_SCALE"  # GPUs given over R1: linear learning-rate scaling
 RESUME: Final = "HOPS_RESUME"  # "1" when the attempt resumes from a checkpoint
 RDZV_ENDPOINT: Final = "HOPS_RDZV_ENDPOINT"
+# set by the master at submit, kept in the job's environment
+ARRAY_INDEX: Final = "HOPS_ARRAY_INDEX"  # the job's index in its array (`hopsmgr submit --array`)
 
 # besides HOPS_*, the wrapper sets the devices an attempt sees
 VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"

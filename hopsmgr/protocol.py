@@ -243,6 +243,7 @@ ENV_NAME = "[A-Za-z_][A-Za-z0-9_]{0,127}"
 
 CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 MAX_TIME_S = 366 * 86400.0
+MAX_ARRAY_INDEX = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +275,7 @@ class Submission:
     checkpoint_signal: str | None = None
     grace_s: float | None = None
     after: tuple[str, ...] = ()
+    array_index: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
@@ -386,6 +388,9 @@ SUBMISSION = Obj(
             64,
             unique=True,
             description="jobs that must complete before this one starts",
+        ),
+        "array_index": Int(
+            0, MAX_ARRAY_INDEX, description="the job's index in an array (submit --array): HOPS_ARRAY_INDEX"
         ),
     },
     required=("command", "gpus"),

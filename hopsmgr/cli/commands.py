@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr.cli import render, users
+from hopsmgr.cli.arrays import array_bodies, parse_array
 from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
 from hopsmgr.cli.scripts import (
     UsageError,
@@ -216,6 +217,8 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
                 raise UsageError(
                     f"argument {given_flag}: applies only with --no-runtime (the runtime checkpoints itself)"
                 )
+    if getattr(args, "array", None) and getattr(args, "dry_run", False):
+        raise UsageError("argument --dry-run: forecasts one job; give it without --array")
     if args.grace is not None and args.checkpoint_signal is None:
         raise UsageError("argument --grace: needs --checkpoint-signal (the signal the grace period follows)")
     workdir = args.workdir
@@ -257,6 +260,15 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_submit(args: argparse.Namespace, client: ApiClient) -> int:
     if args.dry_run:  # checked as a submission, forecast as if submitted now, nothing stored
         return _emit(args, client.post(f"{API}/forecasts", submit_body(args)), render.dry_run_text)
+    if args.array:  # one job per index, each id printed as soon as it is stored
+        stored = []
+        for body in array_bodies(submit_body(args), args.array):
+            stored.append(client.post(f"{API}/jobs", body))
+            if not args.json:
+                print(stored[-1].get("id"), flush=True)
+        if args.json:
+            _print_json({"jobs": stored})
+        return 0
     doc = client.post(f"{API}/jobs", submit_body(args))
     return _emit(args, doc, lambda d: str(d.get("id")))
 
@@ -580,6 +592,12 @@ def register(subparsers: Any) -> None:
     )
     submit.add_argument(
         "--cpus", type=_positive_number, metavar="N", help="CPU limit of each attempt on a node (e.g. 4, 0.5)"
+    )
+    submit.add_argument(
+        "--array",
+        type=parse_array,
+        metavar="INDICES",
+        help="a job per index (0-9, 1,3,5, 0-15:4), named NAME[INDEX], with HOPS_ARRAY_INDEX set",
     )
     submit.add_argument(
         "--dry-run",

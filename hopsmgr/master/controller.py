@@ -61,6 +61,7 @@ from hopsmgr.master.state import (
     time_profile,
 )
 from hopsmgr.master.store import Row, Store
+from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
@@ -476,7 +477,7 @@ class Controller:
             seq,
             sub.name,
             tuple(sub.command),
-            dict(sub.env),
+            dict(sub.env) if sub.array_index is None else {**sub.env, ARRAY_INDEX: str(sub.array_index)},
             sub.workdir,
             sub.launcher,
             run_as,

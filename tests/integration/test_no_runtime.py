@@ -133,3 +133,25 @@ def test_after_starts_a_job_once_its_dependency_completed_and_refuses_a_failed_o
         "submit", "--gpus", "1", "--no-runtime", "--after", "j-999999", "--", "true", check=False
     )
     assert proc.returncode == 1 and "after: no job 'j-999999'" in proc.stderr, proc.stderr
+
+
+def test_an_array_submits_a_job_per_index_each_seeing_its_index(cluster: LocalCluster) -> None:
+    code = "import os; print('index', os.environ['HOPS_ARRAY_INDEX'])"
+    out = cluster.cli(
+        "submit", "--gpus", "1", "--no-runtime", "--array", "0-4:2", "--name", "sweep", "--", PYTHON, "-c", code
+    ).stdout.split()  # fmt: skip
+    assert len(out) == 3 and len(set(out)) == 3, out
+    for index, job_id in zip((0, 2, 4), out, strict=True):
+        job = cluster.wait_state(job_id, "COMPLETED", "FAILED")
+        assert job["state"] == "COMPLETED", job
+        assert job["name"] == f"sweep[{index}]" and job["env"] == {"HOPS_ARRAY_INDEX": str(index)}
+        assert f"index {index}" in cluster.api("GET", f"/api/v1/jobs/{job_id}/logs")["log"]
+    refused = cluster.cli(
+        "submit", "--gpus", "1", "--no-runtime", "--array", "0-2%1", "--", "true", check=False
+    )
+    assert refused.returncode == 2 and "not supported" in refused.stderr
+    # the index is the master's to set: a user's own HOPS_ARRAY_INDEX is refused as every HOPS_ variable
+    bad = cluster.cli(
+        "submit", "--gpus", "1", "--no-runtime", "--env", "HOPS_ARRAY_INDEX=1", "--", "true", check=False
+    )
+    assert bad.returncode != 0 and "HOPS_" in bad.stderr

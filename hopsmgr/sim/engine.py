@@ -75,6 +75,8 @@ class SimOptions:
     profile_iterations: int = 0  # > 0: a profiling run lasts profile_s + this many iterations
     max_sim_s: float = 60 * 86_400.0  # a run stops this long after the last arrival (a starving policy)
     seed: int = 0
+    # > 0: fragment plans at most this often (the forecasts' futures: fewer plans; the master plans at once)
+    fragment_gap_s: float = 0.0
 
 
 def job_key(job_id: str) -> int:
@@ -229,6 +231,8 @@ class Simulation:
         self._seq = 0
         self._pending: deque[Event] = deque()
         self._fragment_wanted = False
+        self._fragment_timer = False  # a _FragmentWake is queued
+        self._last_fragment = -math.inf
         self._round_solver_s = 0.0
         self._solver_delay = 0.0
         self._stim = 0
@@ -307,6 +311,8 @@ class Simulation:
                     self._end_run(event)
                 elif isinstance(event, _ProfileEnd):
                     self._end_profile(event)
+                elif isinstance(event, _FragmentWake):
+                    self._fragment_timer = False
                 elif isinstance(event, _ObserveTick):
                     self._observe()
                     if self.runs:
@@ -325,8 +331,14 @@ class Simulation:
                 if progress is not None:
                     progress(self._ended() / len(self.order))
             elif self._fragment_wanted:
-                self._fragment_wanted = False
-                self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
+                gap = self.options.fragment_gap_s
+                if gap <= 0 or t >= self._last_fragment + gap - _EPS:
+                    self._fragment_wanted = False
+                    self._last_fragment = t
+                    self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
+                elif not self._fragment_timer:  # wake at the gap's end (nothing else may happen before)
+                    self._fragment_timer = True
+                    self._at(self._last_fragment + gap, _FragmentWake("fragment-wake"))
 
     def _ended(self) -> int:
         return self._finished
@@ -348,6 +360,7 @@ class Simulation:
         self.feed(RoundTick(self._stimulus("round"), "first"))
         if self._fragment_wanted:
             self._fragment_wanted = False
+            self._last_fragment = self.now
             self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
         state = self.machine.state
         idle = views.idle_gpus(state, self.now, self.machine.settings.exec_error_backoff_s)
@@ -644,6 +657,11 @@ class _RunEnd(Event):
     attempt_id: str = ""
     token: int = 0
     ended: AttemptEnded | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _FragmentWake(Event):
+    """The simulator's own timer: a fragment plan held back by `fragment_gap_s` may run now."""
 
 
 @dataclass(frozen=True, slots=True)

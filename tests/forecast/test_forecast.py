@@ -9,6 +9,7 @@ forecast modules stay pure (no clock, no I/O)."""
 from __future__ import annotations
 
 import copy
+import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -163,3 +164,31 @@ def test_queue_and_explain_show_the_forecast_as_waits_from_when_it_was_made() ->
     text = explain_text({"id": "j-000001", "forecast": fc})
     assert "forecast start:" in text and "8 sampled futures" in text
     assert queue_table([{**job, "forecast": None}]).splitlines()[1].count("-") >= 1
+
+
+def test_futures_hold_fragment_plans_to_their_gap() -> None:
+    world = paper_world(seed=1)
+    model = world.models()[0].name
+    many = [
+        WorkloadJob(f"s{i}", 10.0 * i, model, RequirementSet.of([1]), 64 * (2_000 + 500 * i), 64, "t")
+        for i in range(12)
+    ]
+
+    def fragments(gap: float) -> list[float]:
+        sim = Simulation(
+            world,
+            CLUSTER.servers,
+            many,
+            ForecastPolicy(CLUSTER.scheduler),
+            SimOptions(profiling=False, seed=1, fragment_gap_s=gap),
+            time.perf_counter,
+            tenants=CLUSTER.tenant_map(),
+        )
+        sim.advance()
+        assert all(sim.jobs[w.job_id].first_start is not None for w in many)  # every job still ran
+        rounds = {t for kind, t in sim.plans if kind == "first"}  # a round's own fragment plan is not held
+        return [t for kind, t in sim.plans if kind == "fragment" and t not in rounds]
+
+    eager, held = fragments(0.0), fragments(120.0)
+    assert len(held) < len(eager)
+    assert all(b - a >= 120.0 - 1e-6 for a, b in itertools.pairwise(held))

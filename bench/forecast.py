@@ -35,6 +35,7 @@ from typing import Any
 
 from hopsmgr.config import load_cluster_config
 from hopsmgr.core.lifecycle import JobState
+from hopsmgr.forecast.calibrate import Residuals, StartTracker
 from hopsmgr.forecast.future import FutureOptions, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
@@ -62,17 +63,27 @@ class Replay(Simulation):
         self.forecasts: dict[str, tuple[float, float | None, float | None, float | None]] = {}
         self.forecast_ms: list[float] = []
         self.recent: list[float] = []
+        # as the master does (hopsmgr.master.forecasts): intervals widened by recent residuals
+        self.tracker = StartTracker(Residuals(round_s=self.policy.round_seconds))
+        self.raw: dict[str, tuple[float | None, float | None]] = {}
 
     def _arrive(self, job: Any) -> None:
         super()._arrive(job)
         self.recent.append(self.now)
+        for job_id in list(self.tracker.first):
+            started = self.jobs[job_id].first_start
+            if started is not None and started <= self.now:
+                self.tracker.started(job_id, started)
         live = capture(self.machine, self.now, self.recent, next_round=self.next_round)
         t0 = time.perf_counter()
         result = forecast(live, self.settings, time.perf_counter)
         self.forecast_ms.append((time.perf_counter() - t0) * 1000)
-        f = result.get(job.spec.id)
-        if f is not None:
+        self.tracker.note(result)
+        raw = result.get(job.spec.id)
+        if raw is not None:
+            f = self.tracker.residuals.widen(raw)
             self.forecasts[job.spec.id] = (self.now, f.start_p10, f.start_p50, f.start_p90)
+            self.raw[job.spec.id] = (raw.start_p10, raw.start_p90)
 
 
 def replay(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,6 +112,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[float] = []
     covered: list[bool] = []
     covered_waited: list[bool] = []
+    covered_raw: list[bool] = []
     for job_id, (at, p10, p50, p90) in sim.forecasts.items():
         truth = sim.jobs[job_id]
         if truth.first_start is None:
@@ -108,6 +120,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         actual = truth.first_start
         inside = p10 is not None and p90 is not None and p10 - 1.0 <= actual <= p90 + 1.0
         covered.append(inside)
+        r10, r90 = sim.raw[job_id]
+        covered_raw.append(r10 is not None and r90 is not None and r10 - 1.0 <= actual <= r90 + 1.0)
         wait = actual - at
         if wait >= args.round_s:
             covered_waited.append(inside)
@@ -121,6 +135,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         "start_p50_median_abs_error_rel": statistics.median(errors) if errors else None,
         "start_in_p10_p90": sum(covered) / len(covered) if covered else None,
         "start_in_p10_p90_waited": sum(covered_waited) / len(covered_waited) if covered_waited else None,
+        "start_in_p10_p90_uncalibrated": sum(covered_raw) / len(covered_raw) if covered_raw else None,
         "forecast_ms_p50": percentile(sim.forecast_ms, 50),
         "forecast_ms_p95": percentile(sim.forecast_ms, 95),
         "gpus": sum(s.gpus for s in cluster.servers),

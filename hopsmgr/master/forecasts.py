@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import structlog
 
 from hopsmgr.core.lifecycle import JobState
+from hopsmgr.forecast.calibrate import Residuals, StartTracker
 from hopsmgr.forecast.future import capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master.controller import Controller
@@ -67,6 +68,8 @@ class Forecaster:
         self.seen: set[str] = set()
         self.recent: deque[float] = deque(maxlen=20_000)
         self.made_ms: deque[float] = deque(maxlen=1000)
+        # start intervals widened by how far recent jobs' starts were from their forecasts
+        self.tracker = StartTracker(Residuals(round_s=ctl.config.scheduler.round_seconds))
 
     def _note_arrivals(self) -> None:
         for job in self.ctl.machine.state.jobs.values():
@@ -79,9 +82,19 @@ class Forecaster:
         self._note_arrivals()
         return [t for t in self.recent if t >= now - WINDOW_S]
 
+    def _note_starts(self) -> None:
+        jobs = self.ctl.machine.state.jobs
+        for job_id in list(self.tracker.first):
+            job = jobs.get(job_id)
+            if job is None:
+                self.tracker.forget(job_id)  # ended (it may have started: the store knows, not needed)
+            elif job.first_start is not None:
+                self.tracker.started(job_id, job.first_start)
+
     async def once(self) -> None:
         ctl = self.ctl
         self._note_arrivals()  # also when nothing waits: the arrival process counts every submission
+        self._note_starts()
         if not any(j.state in WAITING for j in ctl.machine.state.jobs.values()):
             ctl.forecasts = {}
             return
@@ -91,7 +104,8 @@ class Forecaster:
         result = await in_daemon_thread(forecast, live, self.settings, time.perf_counter)
         self.last_s = time.perf_counter() - t0
         self.made_ms.append(self.last_s * 1000)
-        ctl.forecasts = result
+        self.tracker.note(result)
+        ctl.forecasts = {job_id: self.tracker.residuals.widen(f) for job_id, f in result.items()}
 
     async def run(self) -> None:
         while True:

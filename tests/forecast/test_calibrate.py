@@ -1,0 +1,72 @@
+"""Start intervals widened by recent residuals (hopsmgr.forecast.calibrate)."""
+
+from __future__ import annotations
+
+import random
+
+from hopsmgr.forecast.calibrate import Residuals, StartTracker
+from hopsmgr.forecast.future import JobForecast
+
+
+def fc(made: float, p10: float | None, p50: float | None, p90: float | None) -> JobForecast:
+    return JobForecast(p10, p50, p90, None, None, None, futures=4, made=made)
+
+
+def test_too_few_residuals_leave_a_forecast_as_it_is() -> None:
+    residuals = Residuals(round_s=300.0, min_count=5)
+    for _ in range(4):
+        residuals.add(1000.0, 3000.0)
+    f = fc(0.0, 900.0, 1000.0, 1100.0)
+    assert residuals.bounds() is None and residuals.widen(f) == f
+
+
+def test_intervals_widen_to_the_residuals_and_never_narrow_or_start_before_they_were_made() -> None:
+    residuals = Residuals(round_s=300.0, min_count=5)
+    for actual in (500.0, 1000.0, 1500.0, 2000.0, 3000.0):  # forecast 1000 each: residuals -0.5 .. 2.0
+        residuals.add(1000.0, actual)
+    lo, hi = residuals.bounds() or (0.0, 0.0)
+    assert lo < 0 < hi
+    made = 10_000.0
+    wide = residuals.widen(fc(made, made + 950.0, made + 1000.0, made + 1050.0))
+    assert wide.start_p10 == made + 1000.0 + lo * 1000.0 and wide.start_p90 == made + 1000.0 + hi * 1000.0
+    already = fc(made, made + 10.0, made + 1000.0, made + 9000.0)  # wider than the residuals: kept
+    assert residuals.widen(already) == already
+    now = residuals.widen(fc(made, made, made, made))  # "starts now": scaled by a round, not by 0
+    assert now.start_p10 == made and now.start_p90 is not None and now.start_p90 > made
+    assert residuals.widen(fc(made, None, None, None)).start_p10 is None  # no start forecast: none made
+    assert residuals.widen(fc(made, made + 900.0, made + 1000.0, None)).start_p90 is None  # past the horizon
+
+
+def test_calibrated_intervals_cover_about_four_in_five_of_later_starts() -> None:
+    rng = random.Random(7)
+    residuals = Residuals(round_s=60.0)
+
+    def job() -> tuple[float, float]:  # forecast wait and actual wait: the futures are 40% off either way
+        forecast = rng.uniform(600.0, 6000.0)
+        return forecast, forecast * rng.lognormvariate(0.0, 0.4)
+
+    for _ in range(300):
+        residuals.add(*job())
+    covered = raw = 0
+    for _ in range(2000):
+        forecast, actual = job()
+        narrow = fc(0.0, 0.95 * forecast, forecast, 1.05 * forecast)  # the futures' own spread: too narrow
+        wide = residuals.widen(narrow)
+        assert wide.start_p10 is not None and wide.start_p90 is not None
+        covered += wide.start_p10 <= actual <= wide.start_p90
+        raw += 0.95 * forecast <= actual <= 1.05 * forecast
+    assert 0.74 <= covered / 2000 <= 0.86, covered / 2000
+    assert raw / 2000 < 0.3
+
+
+def test_a_tracker_keeps_each_jobs_first_forecast_until_it_starts() -> None:
+    tracker = StartTracker(Residuals(round_s=100.0, min_count=1))
+    tracker.note({"a": fc(0.0, 400.0, 500.0, 600.0), "b": fc(0.0, None, None, None)})
+    tracker.note({"a": fc(50.0, 50.0, 60.0, 70.0)})  # a later forecast: the first one counts
+    assert tracker.first == {"a": (0.0, 500.0)}
+    tracker.started("a", 1000.0)
+    assert list(tracker.residuals.values) == [1.0] and tracker.first == {}
+    tracker.note({"c": fc(0.0, 1.0, 2.0, 3.0)})
+    tracker.forget("c")
+    tracker.started("c", 10.0)  # forgotten: no residual
+    assert len(tracker.residuals.values) == 1

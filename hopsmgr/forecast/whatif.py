@@ -19,7 +19,7 @@ from hopsmgr.forecast.run import ForecastSettings, Timer, forecast
 
 WHAT_IF_ID = "what-if"
 # A what-if answers a request: a shorter budget than the queue forecast's, fewer futures at least.
-WHAT_IF_SETTINGS = ForecastSettings(budget_s=1.0, min_futures=2, max_futures=12)
+WHAT_IF_SETTINGS = ForecastSettings(budget_s=1.0, min_futures=1, max_futures=12)
 
 
 class NotWaiting(ValueError):

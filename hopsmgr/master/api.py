@@ -385,12 +385,12 @@ async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
 
-def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str) -> web.Application:
+def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str, forecaster: Forecaster) -> web.Application:
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[CTL] = ctl
     app[LOOP] = loop
     app[CLUSTER_TOKEN] = cluster_token
-    app[FORECASTER] = forecaster = Forecaster(ctl)
+    app[FORECASTER] = forecaster
     app[WHAT_IFS] = WhatIfs(ctl, forecaster)
     r = app.router
     r.add_get("/healthz", healthz)

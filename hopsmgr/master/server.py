@@ -246,7 +246,7 @@ class MasterProcess:
             # the deposed leader has stopped (lease_s), and the nodes reported what runs, before any plan
             loop.settle_s = (m.lease_s, m.lease_s + m.suspect_after_s)
         self.role = "leader"
-        app = make_app(ctl, loop, self._cluster_token)
+        app = make_app(ctl, loop, self._cluster_token, Forecaster(ctl))
         dashboard.setup(app, ctl)  # the web pages at / (hopsmgr.master.dashboard)
         await self._serve(app)
         ctl.leader = {"url": self.advertised(), "since": ctl.started, "epoch": ctl.epoch}

@@ -187,8 +187,9 @@ def what_ifs_answer_and_store_nothing(dash: Dash, waiting: str, running: str) ->
     dry = dash.api("POST", "/api/v1/forecasts", job(300_000, "vision", [2], name="maybe"), ana)
     assert (dry["tenant"], dry["user"], dry["name"], dry["gpus"]) == ("vision", "ana", "maybe", [2])
     f = dry["forecast"]
-    assert f is not None and f["futures"] >= 2, dry  # it borrows the speed of ana's jobs alike
-    assert f["made"] <= f["start_p50"] <= f["start_p90"] < f["finish_p50"]
+    assert f is not None and f["futures"] >= 1, dry  # it borrows the speed of ana's jobs alike
+    assert f["made"] <= f["start_p50"] < f["finish_p50"]
+    assert f["start_p90"] is None or f["start_p50"] <= f["start_p90"]
     assert [j["id"] for j in dash.api("GET", "/api/v1/jobs?limit=1000")["jobs"]] == stored  # nothing stored
     # checked as a submission is: the same refusals, naming the field
     assert refused(dash, "POST", "/api/v1/forecasts", job(10, "vision", [64]), ana)[1]["field"] == "gpus"

@@ -252,7 +252,9 @@ def test_leader_cut_from_postgres_steps_down_before_the_lease_can_pass(
             stepped = time.monotonic()
             assert cluster.exit_code(0) == STEPPED_DOWN and stepped < server_drops
             assert "was not confirmed for" in (cluster.root / "master0.log").read_text()
-            assert cluster.leader() is None  # the lock is still held by the silent session: nobody leads
+            leader = cluster.leader()
+            if time.monotonic() < server_drops:  # the lock is still held by the silent session: nobody leads
+                assert leader is None  # (asked later, under load, the server may have dropped it already)
             time.sleep(max(0.0, server_drops - time.monotonic()))
             proxy.stop()  # the server drops the silent session (and with it the lock)
             wall_stepped = time.time() - (time.monotonic() - stepped)

@@ -41,6 +41,7 @@ ROUTES = [  # every (method, path) the master serves, with a concrete path for t
     ("POST", "/api/v1/jobs/{job}/cancel", JOB + "/cancel"),
     ("GET", "/api/v1/jobs/{job}/logs", JOB + "/logs"),
     ("GET", "/api/v1/jobs/{job}/explain", JOB + "/explain"),
+    ("POST", "/api/v1/forecasts", "/api/v1/forecasts"),
     ("GET", "/api/v1/nodes", "/api/v1/nodes"),
     ("GET", "/api/v1/nodes/{node}", "/api/v1/nodes/n1"),
     ("POST", "/api/v1/nodes/{node}/drain", "/api/v1/nodes/n1/drain"),
@@ -137,7 +138,7 @@ def test_public_routes_and_openapi_lists_every_route(cl: LocalCluster) -> None:
     assert status == 200 and doc["openapi"].startswith("3.")
     documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     exercised = {(m, t) for m, t, _ in ROUTES} | set(PUBLIC)
-    app = make_app(None, None, "-")  # type: ignore[arg-type]  # only the router is read
+    app = make_app(None, None, "-", None)  # type: ignore[arg-type]  # only the router is read
     served = {
         (r.method, r.resource.canonical) for r in app.router.routes() if r.resource and r.method != "HEAD"
     }

@@ -68,7 +68,9 @@ class FutureOptions:
     max_arrivals: int = 2000
     checkpoint_s: float = 5.0
     round_every: float = 1.0  # > 1: periodic rounds less often than live (faster, fewer preemptions)
-    min_round_s: float = 60.0  # and never more often than this: a 2-s round (tests, demos) costs much, tells little
+    min_round_s: float = (
+        60.0  # and never more often than this: a 2-s round (tests, demos) costs much, tells little
+    )
     fragment_gap_s: float = 60.0  # fragment plans at most this often (fewer plans; starts up to this late)
     keep_bonus: float = 0.0  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
 

@@ -162,8 +162,11 @@ class LocalExecutor:
                 "failed", f"wrapper {args[0]} timed out after {timeout_s or self.timeout_s:.0f} s"
             ) from None
         except BaseException:
-            # Cancelled (the master stopping): end the wrapper as systemd would end the master's group,
-            # and reap it, so that no child or pipe outlives the event loop.
+            # Cancelled (the master stopping): the wrapper may be midway through a launch or a stop (of
+            # a cancelled job, say): let it finish, for a while, then reap it, so that no child or pipe
+            # outlives the event loop.
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), CANCELLED_GRACE_S)
             await _reap(proc)
             raise
         try:
@@ -210,6 +213,9 @@ class LocalExecutor:
 
     async def close(self) -> None:
         return None
+
+
+CANCELLED_GRACE_S = 15.0
 
 
 async def _reap(proc: asyncio.subprocess.Process) -> None:

@@ -133,7 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="simulate policies on a cluster and workload")
     sim.add_argument("--cluster", required=True, help="TOML file or TYPE=SERVERSxGPUS[,...] (e.g. v100=2x4)")
-    sim.add_argument("--workload", help="poisson:jobs=N,rate=R (R jobs per hour)")
+    sim.add_argument(
+        "--workload",
+        help="poisson:jobs=N,rate=R (R jobs per hour) or gang:jobs=N,rate=R[,big_every=K,big=16|32]",
+    )
     sim.add_argument("--trace", help="trace file (with --format)")
     sim.add_argument("--format", choices=["gavel", "philly", "tiresias"])
     sim.add_argument("--limit", type=int, help="use only the first N jobs of the workload (N > 0)")

@@ -61,6 +61,26 @@ class JobExplain:
 
 
 @dataclass(frozen=True, slots=True)
+class Reservation:
+    """Servers held for one waiting job: the placement it will start on and when that is expected."""
+
+    job_id: JobId
+    config: Config
+    start_s: float  # when the reserved GPUs are expected to be free (running jobs' estimated ends)
+    since_s: float  # when the job first got a reservation (kept across plans)
+    due_s: float = 0.0  # the soonest start estimated so far: past it by a round, overrunning jobs may go
+
+
+@dataclass(frozen=True, slots=True)
+class Backfill:
+    """A job started on reserved GPUs because its P90 finish falls before the reservation's start."""
+
+    reserved_for: JobId
+    until_s: float
+    finish_p90_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     kind: PlanKind
     now: float
@@ -72,3 +92,5 @@ class Plan:
     explain: dict[JobId, JobExplain] = field(default_factory=dict)
     stats: SolverStats = field(default_factory=SolverStats)
     idle_gpus: int = 0
+    reservations: tuple[Reservation, ...] = ()  # hopsmgr.core.reserve
+    backfills: dict[JobId, Backfill] = field(default_factory=dict)

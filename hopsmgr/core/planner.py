@@ -19,10 +19,18 @@ from dataclasses import replace
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import fairshare, ilp, quota
+from hopsmgr.core import fairshare, ilp, quota, reserve
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
-from hopsmgr.core.plan import CandidateView, JobExplain, Plan, PlanKind, ProfilingRun, SolverStats
+from hopsmgr.core.plan import (
+    CandidateView,
+    JobExplain,
+    Plan,
+    PlanKind,
+    ProfilingRun,
+    Reservation,
+    SolverStats,
+)
 from hopsmgr.core.priority import (
     PriorityContext,
     ilp_weights,
@@ -187,17 +195,27 @@ def queue_order(
 
 
 def plan_round(
-    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings, timer: Timer | None = None
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    timer: Timer | None = None,
+    reservations: Mapping[JobId, Reservation] | None = None,
 ) -> Plan:
-    """The first plan of a round over the whole usable cluster (queued and running jobs)."""
-    return _plan(snapshot, estimator, settings, timer, "first")
+    """The first plan of a round over the whole usable cluster (queued and running jobs).
+
+    `reservations`: those of the previous plan (hopsmgr.core.reserve), kept where they still pay."""
+    return _plan(snapshot, estimator, settings, timer, "first", reservations or {})
 
 
 def plan_fragments(
-    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings, timer: Timer | None = None
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    timer: Timer | None = None,
+    reservations: Mapping[JobId, Reservation] | None = None,
 ) -> Plan:
     """A later plan within the round: only idle GPUs, only queued jobs; running jobs stay as they are."""
-    return _plan(snapshot, estimator, settings, timer, "fragment")
+    return _plan(snapshot, estimator, settings, timer, "fragment", reservations or {})
 
 
 def _plan(
@@ -206,6 +224,7 @@ def _plan(
     settings: SchedulerSettings,
     timer: Timer | None,
     kind: PlanKind,
+    previous: Mapping[JobId, Reservation],
 ) -> Plan:
     clock = timer or (lambda: 0.0)
     t0 = clock()
@@ -248,6 +267,11 @@ def _plan(
 
     total = sum(capacity.values())
     window_views = service_window(placeable, total, settings.window)
+    ctx = priority_context(snapshot, estimator)
+    held_res = reserve.hold(
+        snapshot, estimator, settings, ctx, placeable, capacity, running, previous, kind == "first"
+    )
+    reserved_out = held_res.out_of_program
     if kind == "first":
         # [ours] A job (re)started less than min_attempt_s plus twice its restart cost ago keeps its
         # GPUs: without this quantum, jobs started by fragment plans are preempted at the next round
@@ -271,11 +295,23 @@ def _plan(
             lent = quota.borrowers(snapshot.jobs, owed)
             fixed = {jid: c for jid, c in fixed.items() if jid not in lent}
         fixed = _within_capacity(fixed, capacity, values)
+        # Draining for a reservation: kept as they are, but never over a tenant's cap.
+        running_gpus: dict[str, int] = {}
+        for jid, config in running.items():
+            running_gpus[by_id[jid].spec.tenant] = running_gpus.get(by_id[jid].spec.tenant, 0) + config.gpus
+        fixed.update(
+            (jid, c)
+            for jid, c in held_res.keep.items()
+            if (q := snapshot.tenants.get(by_id[jid].spec.tenant)) is None
+            or q.cap_gpus is None
+            or running_gpus[q.name] <= q.cap_gpus
+        )
+        fixed.update(held_res.start)
         free = dict(capacity)
         for config in fixed.values():
             for sid, g in config.parts:
                 free[sid] -= g
-        jobs = [v for v in window_views if v.id not in fixed]
+        jobs = [v for v in window_views if v.id not in fixed and v.id not in reserved_out]
         in_window = {v.id for v in jobs}
         # Running jobs behind the window stay candidates for keeping what they hold.
         jobs += [v for v in placeable if v.id in running and v.id not in in_window and v.id not in fixed]
@@ -288,8 +324,14 @@ def _plan(
         window_queued = service_window(queued_order, total, settings.window)
         if settings.sensitivity_adjustment:
             window_queued = sensitivity_adjustment(window_queued, queued_order, state.rho, idle)
-        jobs = window_queued
+        jobs = [v for v in window_queued if v.id not in reserved_out]
         fixed = dict(running)
+        fixed.update(held_res.start)
+        for config in held_res.start.values():
+            for sid, g in config.parts:
+                free[sid] -= g
+    for sid in held_res.closed:  # draining servers: open to backfill only
+        free[sid] = 0
 
     tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     for jid, config in fixed.items():
@@ -301,6 +343,11 @@ def _plan(
         state, jobs, window_set, free, running if kind == "first" else {}, clock
     )
     assignment.update(fixed)
+    assignment.update(
+        reserve.backfill(
+            held_res, snapshot, estimator, settings, ordered, assignment, {v.id for v in placeable}
+        )
+    )
     used: dict[ServerId, int] = {}
     for config in assignment.values():
         for sid, g in config.parts:
@@ -310,6 +357,14 @@ def _plan(
     window_id_set = set(window_ids)
     candidate_ids = {v.id for v in jobs}
     position = {v.id: k for k, v in enumerate(ordered)}
+    waits = {
+        r.job_id: f"waits for its reservation of {r.config}, expected free at t={r.start_s:.0f} s"
+        for r in held_res.reservations
+        if r.job_id in held_res.waiting
+    }
+    waits.update(
+        (jid, "keeps its GPUs: they are reserved for a waiting job and drain") for jid in held_res.keep
+    )
     explain_out = {
         v.id: JobExplain(
             position=position[v.id],
@@ -320,7 +375,7 @@ def _plan(
             may_span=config_gen.may_span(v.spec, state.rho.get(v.id, 1.0), settings.sigma, largest),
             candidates=explain.get(v.id, ()),
             chosen=str(assignment[v.id]) if v.id in assignment else None,
-            note=_note(v.id, fixed, candidate_ids, window_id_set, kind),
+            note=waits.get(v.id) or _note(v.id, fixed, candidate_ids, window_id_set, kind),
         )
         for v in placeable
     }
@@ -337,6 +392,8 @@ def _plan(
         explain=explain_out,
         stats=stats,
         idle_gpus=idle_after,
+        reservations=tuple(held_res.reservations),
+        backfills=held_res.backfills,
     )
 
 

@@ -43,6 +43,11 @@ class SchedulerSettings:
     fairshare_reference: str = ""  # the reference GPU type of use; "" = the type with the most GPUs
     profiling_timeout_s: float = 600.0  # [ours] a profiling run that wrote no profile by then fails its job
     default_run_s: float = 3600.0  # [ours] expected run time of a job without the runtime and without --time
+    reservations: bool = False  # [ours] reserve and drain servers for big waiting jobs (core.reserve)
+    reserve_min_gpus: int = 8  # a job asking for at least this many GPUs may get a reservation
+    reserve_after_lr: float = 0.5  # ... once its latency ratio (wait / expected run time) reaches this
+    reserve_share: float = 0.5  # at most this share of the cluster's GPUs is reserved at once
+    backfill_p90_factor: float = 1.25  # a backfilled job's P90 run time: the estimate times this
 
     def __post_init__(self) -> None:
         def bad(name: str, reason: str) -> ValueError:
@@ -82,6 +87,14 @@ class SchedulerSettings:
             raise bad("profiling_timeout_s", "must be a number of seconds > 0")
         if not (isinstance(self.default_run_s, (int, float)) and self.default_run_s > 0):
             raise bad("default_run_s", "must be a number of seconds > 0")
+        if not (isinstance(self.reserve_min_gpus, int) and self.reserve_min_gpus >= 1):
+            raise bad("reserve_min_gpus", "must be an integer >= 1")
+        if not (math.isfinite(self.reserve_after_lr) and self.reserve_after_lr >= 0):
+            raise bad("reserve_after_lr", "must be a number >= 0")
+        if not 0 <= self.reserve_share <= 1:
+            raise bad("reserve_share", "must be in [0, 1]")
+        if not (math.isfinite(self.backfill_p90_factor) and self.backfill_p90_factor >= 1):
+            raise bad("backfill_p90_factor", "must be a number >= 1")
         if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
             raise bad("cbc_path", "must be a path (a string without NUL)")
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot
+from hopsmgr.core.model import ClusterSnapshot, JobId
+from hopsmgr.core.plan import Reservation
 from hopsmgr.core.planner import Plan, PlanKind, plan_fragments, plan_round
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -39,11 +40,16 @@ class HopsPolicy:
         self.round_seconds = settings.round_seconds
         self.fragment_plans = settings.fragment_plans
         self.description = f"Hops planner, {settings.priority} priority, lambda={settings.lambda_}"
+        # The last plan's reservations (hopsmgr.core.reserve): a reserved job keeps its servers.
+        self.reservations: dict[JobId, Reservation] = {}
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
         if kind == "first":
-            return plan_round(snapshot, estimator, self.settings, timer)
-        return plan_fragments(snapshot, estimator, self.settings, timer)
+            plan = plan_round(snapshot, estimator, self.settings, timer, self.reservations)
+        else:
+            plan = plan_fragments(snapshot, estimator, self.settings, timer, self.reservations)
+        self.reservations = {r.job_id: r for r in plan.reservations}
+        return plan
 
 
 HOPS_VARIANTS = {

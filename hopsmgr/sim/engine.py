@@ -50,6 +50,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TERMINAL, JobState
 from hopsmgr.core.metrics import JobRecord, RoundRecord
 from hopsmgr.core.model import Config, JobSpec, Server, TenantQuota
+from hopsmgr.core.plan import Backfill
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED
@@ -105,6 +106,21 @@ class SimResult:
     total_gpus: int
     span_s: float
     per_job: list[JobOutcome] = field(default_factory=list)
+    backfills: list[BackfillRecord] = field(default_factory=list)
+    reserved_jobs: int = 0  # jobs that got a reservation (hopsmgr.core.reserve)
+
+
+@dataclass(frozen=True, slots=True)
+class BackfillRecord:
+    """One attempt started on reserved GPUs: the reservation's start it promised to end by, and when it
+    left them. `late`: still there after the promised start, its reserved job not yet started."""
+
+    job_id: str
+    reserved_for: str
+    until_s: float
+    launched_s: float
+    left_s: float
+    late: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +237,10 @@ class Simulation:
         self.timeline: list[tuple[float, float, int]] = []
         self.changes: list[JobChange] = []
         self.plans: list[tuple[str, float]] = []
+        self._promises: dict[str, Backfill] = {}  # the last plan's backfills
+        self._backfilled: dict[str, tuple[str, Backfill, float]] = {}  # attempt -> (job, promise, launched)
+        self._ended_backfills: list[tuple[str, Backfill, float, float]] = []
+        self._reserved: set[str] = set()
         self.preemptions = 0
         self.migrations = 0
         self.busy_gpu_s = 0.0
@@ -447,6 +467,9 @@ class Simulation:
             self._token(),
         )
         self.runs[run.attempt_id] = run
+        promise = self._promises.pop(job.spec.id, None)
+        if promise is not None:
+            self._backfilled[run.attempt_id] = (job.spec.id, promise, self.now)
         if not self._observing:  # running attempts report every observe_every_s (as agents do)
             self._observing = True
             self._at(run.ready_at + self.options.observe_every_s, _ObserveTick("observe"))
@@ -503,6 +526,8 @@ class Simulation:
     def _plan(self, request: PlanRequest) -> None:
         ready = compute_plan(request, self.policy, self.machine.estimator, self.timer)
         self.plans.append((request.kind, self.now))
+        self._promises = dict(ready.plan.backfills)
+        self._reserved.update(r.job_id for r in ready.plan.reservations)
         self._round_solver_s += ready.planner_s
         self._solver_delay += ready.planner_s
         self._pending.append(ready)
@@ -513,6 +538,9 @@ class Simulation:
             return
         del self.runs[end.attempt_id]
         job = self.jobs[run.job_id]
+        backfilled = self._backfilled.pop(end.attempt_id, None)
+        if backfilled is not None:
+            self._ended_backfills.append((*backfilled, self.now))
         self.busy_gpu_s += run.config.gpus * (self.now - run.launched)
         if end.ended is not None:
             self.feed(end.ended)
@@ -633,6 +661,8 @@ class Simulation:
             busy_gpu_s=self.busy_gpu_s,
             total_gpus=self.total_gpus,
             span_s=span,
+            backfills=self._backfill_records(),
+            reserved_jobs=len(self._reserved),
             per_job=[
                 JobOutcome(
                     j.spec.id,
@@ -644,6 +674,16 @@ class Simulation:
                 for j in self.order
             ],
         )
+
+    def _backfill_records(self) -> list[BackfillRecord]:
+        out = []
+        open_ = [(job, promise, launched, math.inf) for job, promise, launched in self._backfilled.values()]
+        for job_id, promise, launched, left in self._ended_backfills + open_:
+            first = self.jobs[promise.reserved_for].first_start
+            waiting = first is None or first > promise.until_s
+            late = left > promise.until_s + 1.0 and waiting
+            out.append(BackfillRecord(job_id, promise.reserved_for, promise.until_s, launched, left, late))
+        return out
 
     def _live_counter(self, job_id: str, name: str) -> int:
         job = self.machine.state.jobs.get(job_id)

@@ -219,6 +219,9 @@ def summarise(result: SimResult, wall_s: float) -> dict[str, Any]:
         "estimator_mape_over_time": error_over_time(result),
         "preemptions": result.preemptions,
         "migrations": result.migrations,
+        "reserved_jobs": result.reserved_jobs,
+        "backfills": len(result.backfills),
+        "backfills_late": sum(1 for b in result.backfills if b.late),
         "wall_s": wall_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }

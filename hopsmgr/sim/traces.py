@@ -25,7 +25,13 @@ from typing import Any
 
 from hopsmgr.core.model import RequirementSet
 from hopsmgr.sim.truth import World
-from hopsmgr.sim.workload import WorkloadJob, duration_class, parse_workload_spec, poisson_workload
+from hopsmgr.sim.workload import (
+    WorkloadJob,
+    duration_class,
+    gang_workload,
+    parse_workload_spec,
+    poisson_workload,
+)
 
 MAX_GPUS = 4096  # a larger GPU count in a trace is taken for a malformed line
 _MAX_VALUE = 1e15  # larger times or step counts are taken for malformed values
@@ -312,6 +318,16 @@ def workload_from_spec(spec: str, world: World, seed: int = 0) -> list[WorkloadJ
     if kind == "poisson":
         tenants, gpu_types = args.get("tenants", ("default",)), args.get("gpu_types", ())
         return poisson_workload(world, args["jobs"], args["rate"], args.get("seed", seed), tenants, gpu_types)
+    if kind == "gang":
+        return gang_workload(
+            world,
+            args["jobs"],
+            args["rate"],
+            args.get("seed", seed),
+            args.get("big_every", 40),
+            args.get("big", (16, 32)),
+            args.get("tenants", ("default",)),
+        )
     path = args.pop("path")
     if kind in ("philly", "tiresias"):
         args["rng_seed"] = args.pop("seed", seed)

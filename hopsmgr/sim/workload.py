@@ -193,19 +193,89 @@ def poisson_workload(
     return out
 
 
+# [ours] The gang scenario (issue 13): GPU-hours of the flood's 1-GPU jobs (class S) and of the big jobs.
+GANG_SMALL_GPU_HOURS = (0.1, 1.0)
+GANG_BIG_GPU_HOURS = (8.0, 64.0)
+
+
+def gang_workload(
+    world: World,
+    jobs: int,
+    rate_per_hour: float,
+    seed: int,
+    big_every: int = 40,
+    big: Sequence[int] = (16, 32),
+    tenants: Sequence[str] = ("default",),
+) -> list[WorkloadJob]:
+    """A flood of short rigid 1-GPU jobs with a rigid big gang job every `big_every`-th arrival, its
+    width cycling through `big` (16, 32, 16, ...): the workload where a big job waits behind small
+    ones that always fit first. Poisson arrivals at `rate_per_hour`; GPU-hours log-uniform within
+    GANG_SMALL_GPU_HOURS and GANG_BIG_GPU_HOURS on the reference type (as in `poisson_workload`)."""
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
+        raise ValueError(f"jobs must be a non-negative integer, got {jobs!r}")
+    if not (isinstance(rate_per_hour, (int, float)) and math.isfinite(rate_per_hour) and rate_per_hour > 0):
+        raise ValueError(f"rate_per_hour must be a positive number, got {rate_per_hour!r}")
+    if not isinstance(big_every, int) or big_every < 1:
+        raise ValueError(f"big_every must be a positive integer, got {big_every!r}")
+    if not big or any(not isinstance(n, int) or n < 1 for n in big):
+        raise ValueError(f"big must be GPU counts >= 1, got {list(big)!r}")
+    ref_type = reference_gpu_type(world)
+    models = world.models()
+    streams = {a: random.Random(f"{seed}:gang:{a}") for a in ("arrivals", "models", "hours", "tenants")}
+    out: list[WorkloadJob] = []
+    now = 0.0
+    for i in range(jobs):
+        if i:
+            now += streams["arrivals"].expovariate(rate_per_hour / 3600.0)
+        model = models[streams["models"].randrange(len(models))]
+        is_big = (i + 1) % big_every == 0
+        width = big[((i + 1) // big_every - 1) % len(big)] if is_big else 1
+        low, high = GANG_BIG_GPU_HOURS if is_big else GANG_SMALL_GPU_HOURS
+        gpu_hours = math.exp(streams["hours"].uniform(math.log(low), math.log(high)))
+        total = gpu_hours * 3600.0 / width * world.reference_rate(model.name, width, ref_type)
+        out.append(
+            WorkloadJob(
+                job_id=f"j{i:05d}",
+                arrival_s=now,
+                model=model.name,
+                requirements=RequirementSet((width,)),
+                total_samples=total,
+                batch_size=model.batch_size,
+                tenant=tenants[streams["tenants"].randrange(len(tenants))],
+                duration_class=duration_class(gpu_hours),
+            )
+        )
+    return out
+
+
 # value kinds: "count" positive integer, "int" non-negative integer, "rate" positive number, "names" a|b
 _SPEC_KEYS: dict[str, dict[str, str]] = {
     "poisson": {"jobs": "count", "rate": "rate", "seed": "int", "tenants": "names", "gpu_types": "names"},
+    "gang": {
+        "jobs": "count",
+        "rate": "rate",
+        "seed": "int",
+        "big_every": "count",
+        "big": "counts",
+        "tenants": "names",
+    },
     "gavel": {"path": "str", "tenant": "str"},
     "philly": {"path": "str", "seed": "int", "limit": "count"},
     "tiresias": {"path": "str", "seed": "int"},
 }
-_REQUIRED = {"poisson": ("jobs", "rate"), "gavel": ("path",), "philly": ("path",), "tiresias": ("path",)}
+_REQUIRED = {
+    "poisson": ("jobs", "rate"),
+    "gang": ("jobs", "rate"),
+    "gavel": ("path",),
+    "philly": ("path",),
+    "tiresias": ("path",),
+}
 _WHAT = {
     "count": "a positive integer",
     "int": "a non-negative integer",
     "rate": "a positive number",
     "names": "names separated by '|'",
+    "counts": "positive integers separated by '|'",
     "str": "non-empty",
 }
 
@@ -219,6 +289,9 @@ def _spec_value(spec: str, key: str, text: str, kind: str) -> object:
         elif kind == "rate":
             value = rate = float(text)
             ok = math.isfinite(rate) and rate > 0
+        elif kind == "counts":
+            value = counts = tuple(int(t) for t in text.split("|") if t.strip())
+            ok = bool(counts) and all(n > 0 for n in counts)
         elif kind == "names":
             value = names = tuple(t.strip() for t in text.split("|") if t.strip())
             ok = bool(names)
@@ -234,7 +307,8 @@ def _spec_value(spec: str, key: str, text: str, kind: str) -> object:
 def parse_workload_spec(spec: str) -> dict[str, object]:
     """'poisson:jobs=500,rate=100' -> {'kind': 'poisson', 'jobs': 500, 'rate': 100.0}.
 
-    Kinds and keys: poisson (jobs, rate; optional seed, tenants=a|b, gpu_types=x|y), gavel (path; optional
+    Kinds and keys: poisson (jobs, rate; optional seed, tenants=a|b, gpu_types=x|y), gang (jobs, rate;
+    optional seed, big_every, big=16|32, tenants=a|b), gavel (path; optional
     tenant), philly (path; optional seed, limit), tiresias (path; optional seed). A path may not contain ','.
     A malformed spec raises ValueError naming the offending part.
     """

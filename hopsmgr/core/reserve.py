@@ -1,0 +1,342 @@
+"""Reservations for big gang jobs, and backfill on the servers they drain (pure).
+
+Why: the program values a job by its normalised throughput times its priority weight, so one waiting
+32-GPU job is worth about what one 1-GPU job is, and a flood of small jobs that always fit first keeps
+it waiting until its latency ratio is tens of times theirs. Once a waiting job of at least
+`reserve_min_gpus` GPUs has a latency ratio past `reserve_after_lr`, it gets servers reserved: those
+of one profiled GPU type, at one of its counts, that are expected to be free soonest (idle GPUs now, a
+running job's GPUs at its estimated end), the choice with the earliest estimated finish. The reserved
+servers drain gradually: what runs there keeps running (no plan preempts or moves it), nothing new
+starts there but the reserved job and backfill, jobs whose P90 finish (the estimated run time times
+`backfill_p90_factor`, plus the restart) falls before the reservation's start. When the reserved GPUs
+are free the job starts there. A job still running on them a round after the soonest start estimated
+for the reservation (it overran its estimate) may be preempted, unless its attempt is protected.
+
+Reservations are kept between plans by the policy (`previous`): a job keeps its servers unless other
+servers would free a round earlier, so a half-drained set is not abandoned for one that never drains.
+Beyond the first (highest-priority) reservation, at most `reserve_share` of the cluster's GPUs are
+reserved at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hopsmgr.core.estimates import Estimator
+from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, Server, ServerId
+from hopsmgr.core.plan import Backfill, Reservation
+from hopsmgr.core.priority import PriorityContext, latency_ratio
+from hopsmgr.core.program import protected
+from hopsmgr.core.settings import SchedulerSettings
+
+
+def eligible(view: JobView, ctx: PriorityContext, settings: SchedulerSettings) -> bool:
+    """A waiting big job whose latency ratio passed the threshold."""
+    return (
+        view.current is None
+        and view.spec.requirements.minimum >= settings.reserve_min_gpus
+        and latency_ratio(view, ctx) >= settings.reserve_after_lr
+    )
+
+
+def free_times(
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    servers: Mapping[ServerId, Server],
+    capacity: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+) -> dict[ServerId, list[float]]:
+    """Per server, when each of its usable GPUs is expected to be free, soonest first: idle GPUs now,
+    a running job's at its estimated end (never, for a job without a rate estimate)."""
+    times: dict[ServerId, list[float]] = {sid: [] for sid in capacity}
+    views = {v.id: v for v in snapshot.jobs}
+    for jid, config in running.items():
+        view = views.get(jid)
+        if view is None:
+            continue
+        rate = estimator.config_rate(view.spec, config, servers)
+        end = snapshot.now + view.remaining_samples / rate if rate and rate > 0 else float("inf")
+        for sid, g in config.parts:
+            if sid in times:
+                times[sid].extend([end] * g)
+    for sid, n in capacity.items():
+        held = len(times[sid])
+        times[sid] = sorted([snapshot.now] * max(0, n - held) + times[sid])[: max(0, n)]
+    return times
+
+
+def _when(times: Mapping[ServerId, list[float]], config: Config) -> float | None:
+    """When `config`'s GPUs are all expected free (None if a server cannot give them)."""
+    start = 0.0
+    for sid, g in config.parts:
+        have = times.get(sid, [])
+        if len(have) < g:
+            return None
+        start = max(start, have[g - 1])
+    return start
+
+
+def _gather(
+    candidates: Sequence[Server], times: Mapping[ServerId, list[float]], gpus: int
+) -> tuple[Config, float] | None:
+    """Servers that free `gpus` GPUs soonest (whole servers first, the last one in part)."""
+    order = sorted(candidates, key=lambda s: (times[s.id][-1], -len(times[s.id]), s.order, s.id))
+    parts: list[tuple[ServerId, int]] = []
+    need = gpus
+    for server in order:
+        n = len(times[server.id])
+        if n == 0:
+            continue
+        take = min(n, need)
+        parts.append((server.id, take))
+        need -= take
+        if need == 0:
+            config = Config.of(dict(parts))
+            start = _when(times, config)
+            return None if start is None else (config, start)
+    return None
+
+
+def choose(
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    ctx: PriorityContext,
+    ordered: Sequence[JobView],
+    times: Mapping[ServerId, list[float]],
+    previous: Mapping[JobId, Reservation],
+) -> list[Reservation]:
+    """The reservations of this plan, for eligible jobs in queue order, on disjoint servers."""
+    if not settings.reservations:
+        return []
+    servers = snapshot.server_map()
+    budget = settings.reserve_share * sum(len(t) for t in times.values())
+    taken: set[ServerId] = set()
+    out: list[Reservation] = []
+    # Reservations already made come first, oldest first, then new ones in queue order: a job whose
+    # servers were drained (or whose overrunning jobs were preempted) for it is not overtaken by one
+    # whose ratio grew meanwhile, such as the preempted job itself (a preemption cycle).
+    position = {v.id: k for k, v in enumerate(ordered)}
+    ordered = sorted(
+        ordered,
+        key=lambda v: (
+            (0, previous[v.id].since_s, position[v.id]) if v.id in previous else (1, 0.0, position[v.id])
+        ),
+    )
+    type_gpus: dict[str, int] = {}
+    for sid, t in times.items():
+        type_gpus[servers[sid].gpu_type] = type_gpus.get(servers[sid].gpu_type, 0) + len(t)
+    # Waiting jobs only one GPU type is big enough for: a narrower job's reservation avoids that type
+    # where another will do (whole servers are kept for the jobs that need them).
+    only: list[tuple[int, str]] = []
+    for view in ordered:
+        if view.current is None and view.spec.requirements.minimum >= settings.reserve_min_gpus:
+            fits = [
+                t
+                for t in estimator.profiled_types(view.id)
+                if type_gpus.get(t, 0) >= view.spec.requirements.minimum
+            ]
+            if len(fits) == 1:
+                only.append((view.spec.requirements.minimum, fits[0]))
+    for view in ordered:
+        if not eligible(view, ctx, settings):
+            continue
+        types = estimator.profiled_types(view.id)
+        best: tuple[bool, float, int, Config, float] | None = None
+        for gpus in view.spec.requirements.counts:
+            if out and gpus > budget:  # the first reservation is always allowed
+                continue
+            for gpu_type in sorted(types):
+                pool = [
+                    servers[sid] for sid in times if sid not in taken and servers[sid].gpu_type == gpu_type
+                ]
+                found = _gather(pool, times, gpus)
+                if found is None:
+                    continue
+                config, start = found
+                rate = estimator.config_rate(view.spec, config, servers)
+                if not rate or rate <= 0:
+                    continue
+                finish = start + view.remaining_samples / rate
+                blocks = any(t == gpu_type and need > gpus for need, t in only)
+                if best is None or (blocks, finish, gpus) < best[:3]:
+                    best = (blocks, finish, gpus, config, start)
+        if best is None:
+            continue
+        _, _, gpus, config, start = best
+        since, due = snapshot.now, start
+        old = previous.get(view.id)
+        if old is not None:
+            since = old.since_s
+            kept = old.config.servers
+            old_start = None if any(s in taken for s in kept) else _when(times, old.config)
+            if old_start is not None and not start < old_start - settings.round_seconds:
+                config, start, due = old.config, old_start, min(old.due_s, old_start)
+        out.append(Reservation(view.id, config, start, since, due))
+        taken.update(config.servers)
+        budget -= config.gpus
+    return out
+
+
+def p90_finish_s(
+    view: JobView,
+    config: Config,
+    estimator: Estimator,
+    servers: Mapping[ServerId, Server],
+    now: float,
+    settings: SchedulerSettings,
+) -> float | None:
+    """[ours] A pessimistic finish of `view` started now on `config`: its restart, then the estimated
+    run time times `backfill_p90_factor` (None without a rate estimate)."""
+    rate = estimator.config_rate(view.spec, config, servers)
+    if not rate or rate <= 0:
+        return None
+    return now + view.spec.restart_s + view.remaining_samples / rate * settings.backfill_p90_factor
+
+
+# [ours] How many waiting jobs, in queue order, a backfill pass looks at.
+BACKFILL_SCAN = 500
+
+
+@dataclass(slots=True)
+class Held:
+    """What this plan's reservations do to it (`hold`), and the backfill it then makes (`backfill`)."""
+
+    reservations: list[Reservation] = field(default_factory=list)
+    start: dict[JobId, Config] = field(default_factory=dict)  # reserved jobs whose GPUs are free: start
+    keep: dict[JobId, Config] = field(default_factory=dict)  # running on draining servers: kept as is
+    closed: dict[ServerId, int] = field(default_factory=dict)  # idle GPUs of draining servers
+    until: dict[ServerId, Reservation] = field(default_factory=dict)  # draining server -> its reservation
+    waiting: set[JobId] = field(default_factory=set)  # reserved jobs not started: out of the program
+    backfills: dict[JobId, Backfill] = field(default_factory=dict)
+
+    @property
+    def out_of_program(self) -> set[JobId]:
+        return self.waiting | set(self.start)
+
+
+def hold(
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    ctx: PriorityContext,
+    ordered: Sequence[JobView],
+    capacity: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    previous: Mapping[JobId, Reservation],
+    first: bool,
+) -> Held:
+    """Choose the reservations and say, per reservation, whether its job starts now (its GPUs are idle)
+    or its servers drain: their running jobs are kept (in a first plan, those that overran the
+    reservation's start by a round and are not protected are not) and their idle GPUs are closed to
+    the program, open only to backfill."""
+    out = Held()
+    if not settings.reservations:
+        return out
+    servers = snapshot.server_map()
+    times = free_times(snapshot, estimator, servers, capacity, running)
+    out.reservations = choose(
+        snapshot, estimator, settings, ctx, _within_caps(snapshot, ordered, running), times, previous
+    )
+    idle = dict(capacity)
+    on_server: dict[ServerId, list[JobId]] = {}
+    for jid, config in running.items():
+        for sid, g in config.parts:
+            idle[sid] = idle.get(sid, 0) - g
+            on_server.setdefault(sid, []).append(jid)
+    views = {v.id: v for v in snapshot.jobs}
+    for r in out.reservations:
+        if all(idle.get(sid, 0) >= g for sid, g in r.config.parts):
+            out.start[r.job_id] = r.config
+            for sid, g in r.config.parts:
+                idle[sid] -= g
+            continue
+        out.waiting.add(r.job_id)
+        overran = first and snapshot.now >= r.due_s + settings.round_seconds
+        for sid in r.config.servers:
+            out.until[sid] = r
+            out.closed[sid] = max(0, idle.get(sid, 0))
+            for jid in on_server.get(sid, ()):
+                if overran and not protected(views[jid], settings.min_attempt_s):
+                    continue
+                out.keep[jid] = running[jid]
+    return out
+
+
+def _within_caps(
+    snapshot: ClusterSnapshot, ordered: Sequence[JobView], running: Mapping[JobId, Config]
+) -> list[JobView]:
+    """The jobs whose tenant's cap leaves room for their smallest count (a reservation never starts a
+    job over its tenant's cap)."""
+    held: dict[str, int] = {}
+    for view in snapshot.jobs:
+        if view.id in running:
+            held[view.spec.tenant] = held.get(view.spec.tenant, 0) + running[view.id].gpus
+    out = []
+    for view in ordered:
+        quota = snapshot.tenants.get(view.spec.tenant)
+        cap = None if quota is None else quota.cap_gpus
+        if cap is None or held.get(view.spec.tenant, 0) + view.spec.requirements.minimum <= cap:
+            out.append(view)
+    return out
+
+
+def backfill(
+    held: Held,
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    ordered: Sequence[JobView],
+    assignment: Mapping[JobId, Config],
+    placeable: Collection[JobId],
+) -> dict[JobId, Config]:
+    """Waiting jobs, in queue order, onto the idle GPUs of draining servers, each on one server at the
+    count whose P90 finish is earliest, if that falls before the reservation's start (recorded in
+    `held.backfills`). Tenant caps hold."""
+    if not any(held.closed.values()):
+        return {}
+    servers = snapshot.server_map()
+    used: dict[str, int] = {}
+    tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
+    for jid, config in assignment.items():
+        if jid in tenant_of:
+            used[tenant_of[jid]] = used.get(tenant_of[jid], 0) + config.gpus
+    closed = dict(held.closed)
+    added: dict[JobId, Config] = {}
+    scanned = 0
+    for view in ordered:
+        if not any(closed.values()) or scanned >= BACKFILL_SCAN:
+            break
+        if view.current is not None or view.id in assignment or view.id in held.out_of_program:
+            continue
+        if view.id not in placeable:
+            continue
+        scanned += 1
+        quota = snapshot.tenants.get(view.spec.tenant)
+        room = (
+            None
+            if quota is None or quota.cap_gpus is None
+            else quota.cap_gpus - used.get(view.spec.tenant, 0)
+        )
+        types = estimator.profiled_types(view.id)
+        best: tuple[float, Config, Reservation] | None = None
+        for sid, n in closed.items():
+            if n <= 0 or servers[sid].gpu_type not in types:
+                continue
+            r = held.until[sid]
+            for gpus in view.spec.requirements.counts:
+                if gpus > n or (room is not None and gpus > room):
+                    continue
+                config = Config.single(sid, gpus)
+                finish = p90_finish_s(view, config, estimator, servers, snapshot.now, settings)
+                if finish is not None and finish <= r.start_s and (best is None or finish < best[0]):
+                    best = (finish, config, r)
+        if best is None:
+            continue
+        finish, config, r = best
+        added[view.id] = config
+        held.backfills[view.id] = Backfill(r.job_id, r.start_s, finish)
+        closed[config.servers[0]] -= config.gpus
+        used[view.spec.tenant] = used.get(view.spec.tenant, 0) + config.gpus
+    return added

@@ -1,0 +1,75 @@
+"""The gang workload (`--workload gang:...`) and reservations with backfill, driven through the simulator."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from hopsmgr.core.model import Calibration, Server
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.policies.registry import make_policy
+from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.traces import workload_from_spec
+from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.workload import parse_workload_spec
+
+WORLD = paper_world(seed=1)
+
+
+def test_gang_spec_makes_a_flood_of_1_gpu_jobs_with_periodic_big_ones() -> None:
+    jobs = workload_from_spec("gang:jobs=40,rate=100,big_every=10,big=16|32", WORLD, seed=3)
+    widths = [j.requirements.counts for j in jobs]
+    assert [k for k, w in enumerate(widths) if w != (1,)] == [9, 19, 29, 39]
+    assert [widths[k] for k in (9, 19, 29, 39)] == [(16,), (32,), (16,), (32,)]
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(jobs))
+    assert jobs == workload_from_spec("gang:jobs=40,rate=100,big_every=10,big=16|32", WORLD, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("gang:jobs=10", "missing rate"),
+        ("gang:jobs=10,rate=5,big=16|x", "big must be positive integers"),
+        ("gang:jobs=10,rate=5,big=0", "big must be positive integers"),
+        ("gang:jobs=10,rate=5,big_every=0", "big_every must be a positive integer"),
+        ("gang:jobs=10,rate=5,wide=3", "unknown key 'wide'"),
+    ],
+)
+def test_bad_gang_specs_name_the_key(spec: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        parse_workload_spec(spec)
+
+
+def run(reservations: bool) -> Simulation:
+    servers = [Server(f"s{k}", "rtx3090", 4, Calibration(), host_model="A", order=k) for k in range(4)]
+    jobs = workload_from_spec("gang:jobs=120,rate=60,big_every=15,big=8|16", WORLD, seed=2)
+    settings = SchedulerSettings(reservations=reservations, reserve_min_gpus=8, fairshare=False)
+    sim = Simulation(
+        WORLD, servers, jobs, make_policy("hops", settings), SimOptions(seed=2), time.perf_counter
+    )
+    return sim
+
+
+def test_reservations_and_backfill_through_the_simulator() -> None:
+    result = run(True).run()
+    assert all(r.completed for r in result.jobs)
+    assert result.reserved_jobs > 0
+    assert result.backfills, "the drained servers took backfill"
+    for b in result.backfills:
+        assert b.launched_s <= b.left_s
+        if b.late:
+            assert b.left_s > b.until_s
+    off = run(False).run()
+    assert off.reserved_jobs == 0 and off.backfills == []
+
+
+def test_summary_counts_reservations_and_late_backfills() -> None:
+    from hopsmgr.sim.runner import summarise
+
+    result = run(True).run()
+    row = summarise(result, 0.0)
+    assert row["reserved_jobs"] == result.reserved_jobs
+    assert row["backfills"] == len(result.backfills)
+    assert row["backfills_late"] == sum(1 for b in result.backfills if b.late)

@@ -22,13 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from hopsmgr.core import metrics
+from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.sim import runner
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_run(cluster_path: str, spec: str, seed: int, policy: str) -> dict[str, Any]:
+def one_run(
+    cluster_path: str, spec: str, seed: int, policy: str, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
     cluster = runner.parse_cluster(cluster_path)
+    if overrides:
+        cluster = replace(cluster, scheduler=replace(cluster.scheduler, **overrides))
     name = policy
     if policy in ("hops-res", "hops-nores"):
         on = policy == "hops-res"
@@ -75,6 +80,16 @@ def one_run(cluster_path: str, spec: str, seed: int, policy: str) -> dict[str, A
     }
 
 
+def _setting(item: str) -> tuple[str, Any]:
+    key, _, text = item.partition("=")
+    default = getattr(SchedulerSettings(), key, None)
+    if default is None or not text:
+        raise SystemExit(f"--set: {item!r} is not KEY=VALUE of a scheduler setting")
+    if isinstance(default, bool):
+        return key, text.lower() in ("1", "true", "yes", "on")
+    return key, type(default)(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -85,14 +100,19 @@ def main() -> None:
     parser.add_argument("--big-every", type=int, default=40)
     parser.add_argument("--seeds", default="1")
     parser.add_argument("--policies", default="hops-res,hops-nores,sia-lr,gavel-lr")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a [scheduler] setting for every run"
+    )
     parser.add_argument("--json", type=Path, help="write the runs here (a list of flat objects)")
     args = parser.parse_args()
+    overrides = dict(_setting(item) for item in args.set)
     runs = []
     for rate in (float(r) for r in args.rates.split(",")):
         spec = f"gang:jobs={args.jobs},rate={rate:g},big_every={args.big_every}"
         for seed in (int(s) for s in args.seeds.split(",")):
             for policy in args.policies.split(","):
-                row = one_run(args.cluster, spec, seed, policy)
+                row = one_run(args.cluster, spec, seed, policy, overrides)
+                row.update({f"set_{k}": v for k, v in overrides.items()})
                 runs.append(row)
                 print(
                     f"{spec} seed {seed} {policy:>10}: max LR big {row['max_lr_big']:.2f} / 1-GPU "

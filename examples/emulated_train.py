@@ -42,7 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     checksum = int(state["checksum"]) if state else args.seed
     if start:
         print(f"resumed at iteration {start}", flush=True)
-    quarter = args.step_seconds / rt.emulated_speed / 4
+    # A speed-balanced placement (HOPS_RANK_SHARES) gives this node's GPUs more or less than an equal
+    # share of the global batch: the emulated work per step scales with it.
+    per_gpu = rt.node_share * rt.settings.world_gpus / rt.gpus
+    if rt.settings.rank_shares:
+        print(f"batch share {rt.node_share:.4f} of the global batch (x{per_gpu:.3f} per GPU)", flush=True)
+    quarter = args.step_seconds * per_gpu / rt.emulated_speed / 4
     while rt.iteration < args.iters:
         it = rt.iteration
         with rt.phase("data"):

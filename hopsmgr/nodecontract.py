@@ -37,6 +37,10 @@ BASE_GPUS: Final = "HOPS_BASE_GPUS"  # the job's smallest GPU count (R1)
 LR_SCALE: Final = "HOPS_LR_SCALE"  # GPUs given over R1: linear learning-rate scaling
 RESUME: Final = "HOPS_RESUME"  # "1" when the attempt resumes from a checkpoint
 RDZV_ENDPOINT: Final = "HOPS_RDZV_ENDPOINT"
+RANK_SHARES: Final = "HOPS_RANK_SHARES"  # comma-separated share of the global batch per rank, in rank order (speed-balanced placements)
+FIRST_RANK: Final = (
+    "HOPS_FIRST_RANK"  # global rank of this node's first GPU (ranks: nodes in order, then GPUs)
+)
 # set by the master at submit, kept in the job's environment
 ARRAY_INDEX: Final = "HOPS_ARRAY_INDEX"  # the job's index in its array (`hopsmgr submit --array`)
 

@@ -102,6 +102,9 @@ class LaunchAttempt(Command):
     placement: Config
     devices: Mapping[ServerId, tuple[int, ...]]
     resume: bool
+    # Each rank's share of the global batch on a placement across GPU types (Estimator.rank_shares);
+    # () = equal shares.
+    shares: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,7 +261,8 @@ class SchedulerMachine:
         per_type: dict[str, int] = {}
         for node in state.nodes.values():
             per_type[node.server.gpu_type] = per_type.get(node.server.gpu_type, 0) + node.server.gpus
-        if per_type and spec.requirements.minimum > max(per_type.values()):
+        mixed = self.settings.scheduler.mixed_types  # else a placement uses one GPU type
+        if per_type and not mixed and spec.requirements.minimum > max(per_type.values()):
             types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
             message = (
                 f"no placement can ever hold {spec.requirements.minimum} GPUs: a placement uses one GPU"
@@ -377,9 +378,17 @@ class SchedulerMachine:
                 StartProfiling(self._stimulus, attempt.id, job.id, server, attempt.gpu_type, attempt.devices)
             )
         else:
+            servers = {n.server.id: n.server for n in self.state.nodes.values()}
+            shares = self.estimator.rank_shares(job.spec, attempt.placement, servers)
             self.emit(
                 LaunchAttempt(
-                    self._stimulus, attempt.id, job.id, attempt.placement, attempt.devices, attempt.resume
+                    self._stimulus,
+                    attempt.id,
+                    job.id,
+                    attempt.placement,
+                    attempt.devices,
+                    attempt.resume,
+                    shares,
                 )
             )
 

@@ -47,14 +47,20 @@ def within_budget(runs: list[ProfilingRun], budget: int, at_least_one: bool = Fa
 STARVED_ROUNDS = 5
 
 
-def choose_profiling(request: PlanRequest, estimator: Estimator) -> list[ProfilingRun]:
+def choose_profiling(
+    request: PlanRequest, estimator: Estimator, avoid: frozenset[str] = frozenset()
+) -> list[ProfilingRun]:
     """Profiling runs on idle GPUs within the budget; in a first plan, a job starved of idle GPUs for
-    STARVED_ROUNDS rounds gets its runs even on GPUs of running work (never of a protected attempt)."""
+    STARVED_ROUNDS rounds gets its runs even on GPUs of running work (never of a protected attempt).
+    Servers in `avoid` (reserved for a waiting job, hopsmgr.core.reserve) get no runs but a starved
+    job's."""
     snapshot = request.snapshot
     held: dict[str, int] = {}  # GPUs of running jobs: profiling takes idle GPUs only
     for view in snapshot.jobs:
         for sid, g in view.current.parts if view.current else ():
             held[sid] = held.get(sid, 0) + g
+    for sid in avoid:
+        held[sid] = snapshot.capacity.get(sid, 0)
     runs = within_budget(
         profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
     )
@@ -127,7 +133,8 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
     """The PlanReady event that answers `request`."""
     t0 = timer()
     snapshot = request.snapshot
-    runs = choose_profiling(request, estimator) if request.to_profile else []
+    avoid: frozenset[str] = getattr(policy, "reserved_servers", frozenset())
+    runs = choose_profiling(request, estimator, avoid) if request.to_profile else []
     profiled = {r.job_id for r in runs}
     capacity = dict(snapshot.capacity)
     for r in runs:

@@ -80,11 +80,15 @@ def generate(
     estimator: Estimator,
     span: bool,
     counts: Collection[int] | None = None,
+    mixed: bool = False,
 ) -> list[Candidate]:
     """All candidate configurations of `job` over the `free` GPUs, with their estimated rates (only
-    those of `counts` GPUs when given)."""
+    those of `counts` GPUs when given); with `mixed`, also placements across GPU types
+    (`mixed_candidates`)."""
     out: list[Candidate] = []
     seen: set[Config] = set()
+    if mixed and len(by_type) > 1:
+        out += mixed_candidates(job, by_type, free, servers, estimator, counts, seen)
     for type_servers in by_type.values():
         for gpus in job.requirements:
             if counts is not None and gpus not in counts:
@@ -109,4 +113,47 @@ def generate(
                 rate = estimator.config_rate(job, config, servers)
                 if rate is not None and rate > 0:
                     out.append(Candidate(config, rate))
+    return out
+
+
+def mixed_candidates(
+    job: JobSpec,
+    by_type: Mapping[GpuType, Sequence[Server]],
+    free: Mapping[ServerId, int],
+    servers: Mapping[ServerId, Server],
+    estimator: Estimator,
+    counts: Collection[int] | None,
+    seen: set[Config],
+) -> list[Candidate]:
+    """[ours] Placements that span GPU types, for low-sensitivity jobs: per requirement, the free GPUs
+    taken greedily from the fastest servers (for this job) and, separately, from the servers with the
+    most free GPUs (the fewest servers, using fragments whole); kept only if they span two types. The
+    ranks split the global batch by speed (Estimator.rank_shares), so slow GPUs add their own rate
+    instead of setting the pace of all. O(servers log servers) per requirement."""
+    pool = [s for group in by_type.values() for s in group if free.get(s.id, 0) > 0]
+    speed: dict[ServerId, float] = {}
+    for server in pool:
+        rate = estimator.per_gpu_rate(job, server, 1, 1)
+        if rate is not None and rate > 0:
+            speed[server.id] = rate
+    pool = [s for s in pool if s.id in speed]
+    orders = (
+        sorted(pool, key=lambda s: (-speed[s.id], s.order, s.id)),
+        sorted(pool, key=lambda s: (-free.get(s.id, 0), -speed[s.id], s.order, s.id)),
+    )
+    out: list[Candidate] = []
+    for gpus in job.requirements:
+        if counts is not None and gpus not in counts:
+            continue
+        for order in orders:
+            parts = distributed_parts(order, free, 0, gpus)
+            if parts is None or len({servers[sid].gpu_type for sid, _ in parts}) < 2:
+                continue
+            config = Config(tuple(sorted(parts)))
+            if config in seen:
+                continue
+            seen.add(config)
+            rate = estimator.config_rate(job, config, servers)
+            if rate is not None and rate > 0:
+                out.append(Candidate(config, rate))
     return out

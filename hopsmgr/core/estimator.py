@@ -14,7 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from hopsmgr.core.model import Calibration, Config, GpuType, JobId, JobSpec, ModelError, Server, ServerId
+from hopsmgr.core.model import (
+    Calibration,
+    Config,
+    GpuType,
+    JobId,
+    JobSpec,
+    ModelError,
+    Server,
+    ServerId,
+    spans_types,
+)
 
 TC_EXPOSED = 0.2  # share of the communication time that does not overlap backward (Tc~ = 0.2 * Tc)
 _SEED_WEIGHT = 20.0  # pseudo-samples a profile is worth when seeding the online data-time clusters
@@ -276,15 +286,43 @@ class Estimator:
         return self._cache[job.id][(server.id, gpus_here, n_servers)][4]
 
     def config_rate(self, job: JobSpec, config: Config, servers: Mapping[ServerId, Server]) -> float | None:
-        """Total samples/s of a configuration: the slowest GPU sets the pace of all."""
+        """Total samples/s of a configuration: the slowest GPU sets the pace of all; on a placement
+        that spans GPU types the global batch is split by speed (`rank_shares`), so every GPU gives
+        its own rate and the total is their sum (each rate counting the communication of `n` servers)."""
+        rates = self._part_rates(job, config, servers)
+        if rates is None:
+            return None
+        if spans_types(config, servers):
+            return sum(rate * gpus for rate, gpus in zip(rates, (g for _, g in config.parts), strict=True))
+        return min(rates) * config.gpus
+
+    def rank_shares(
+        self, job: JobSpec, config: Config, servers: Mapping[ServerId, Server]
+    ) -> tuple[float, ...]:
+        """Each rank's share of the global batch (ranks in the order of `config.parts`, then by GPU):
+        its GPU's estimated rate over the sum; () for a placement of one GPU type or without estimates
+        (equal shares)."""
+        if not spans_types(config, servers):
+            return ()
+        rates = self._part_rates(job, config, servers)
+        if rates is None:
+            return ()
+        total = sum(rate * g for rate, (_, g) in zip(rates, config.parts, strict=True))
+        if total <= 0:
+            return ()
+        return tuple(rate / total for rate, (_, g) in zip(rates, config.parts, strict=True) for _ in range(g))
+
+    def _part_rates(
+        self, job: JobSpec, config: Config, servers: Mapping[ServerId, Server]
+    ) -> list[float] | None:
         n = len(config.parts)
-        slowest = math.inf
+        rates: list[float] = []
         for sid, gpus in config.parts:
             rate = self.per_gpu_rate(job, _lookup(servers, sid), gpus, n)
             if rate is None:
                 return None
-            slowest = min(slowest, rate)
-        return slowest * config.gpus
+            rates.append(rate)
+        return rates
 
     def type_rate(
         self, job: JobSpec, gpu_type: GpuType, reference: Calibration | None = None

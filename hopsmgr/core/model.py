@@ -326,3 +326,18 @@ class ClusterSnapshot:
     @property
     def total_gpus(self) -> int:
         return sum(self.capacity.get(s.id, 0) for s in self.servers)
+
+
+def spans_types(config: Config, servers: Mapping[ServerId, Server]) -> bool:
+    """Whether `config` holds GPUs of more than one type (a speed-balanced placement, whose ranks
+    split the global batch by their speed: hopsmgr.runtime.balance)."""
+    first: GpuType | None = None
+    for sid, _ in config.parts:
+        server = servers.get(sid)
+        if server is None:
+            continue
+        if first is None:
+            first = server.gpu_type
+        elif server.gpu_type != first:
+            return True
+    return False

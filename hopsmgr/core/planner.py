@@ -116,10 +116,12 @@ def unplaceable_reason(
     servers: Iterable[Server],
     estimator: Estimator,
     type_gpus: Mapping[GpuType, int] | None = None,
+    mixed: bool = False,
 ) -> str | None:
     """Why `job` can never run on these servers (whatever else runs), or None if it can.
 
-    `type_gpus` (GPUs of `servers` per type) may be passed when asking for many jobs at once."""
+    `type_gpus` (GPUs of `servers` per type) may be passed when asking for many jobs at once. With
+    `mixed` (the `mixed_types` setting) a placement may span the profiled types."""
     if type_gpus is None:
         type_gpus = _gpus_per_type(servers)
     if not type_gpus:
@@ -128,7 +130,15 @@ def unplaceable_reason(
     known = [t for t in type_gpus if t in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
-    # placements never mix GPU types: the job must fit the GPUs of one profiled type
+    if mixed:
+        together = sum(type_gpus[t] for t in known)
+        if job.requirements.minimum > together:
+            return (
+                f"smallest requirement {job.requirements.minimum} GPUs exceeds the {together} GPUs of the "
+                f"profiled, available GPU types together ({', '.join(sorted(known))})"
+            )
+        return None
+    # without mixed_types, placements never mix GPU types: the job must fit one profiled type
     largest = max(known, key=lambda t: (type_gpus[t], t))
     if job.requirements.minimum > type_gpus[largest]:
         return (
@@ -248,7 +258,7 @@ def _plan(
     unplaceable: dict[JobId, str] = {}
     type_gpus = _gpus_per_type(usable_servers)
     for view in ordered:
-        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus)
+        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus, settings.mixed_types)
         if reason is not None:
             unplaceable[view.id] = reason
     placeable = [v for v in ordered if v.id not in unplaceable]

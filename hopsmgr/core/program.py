@@ -132,6 +132,7 @@ def build_exact_program(
     options: list[ilp.Option] = []
     option_configs: list[Config] = []
     free_here = {sid: free[sid] for sid in server_ids}
+    largest_type = max((sum(s.gpus for s in group) for group in state.by_type.values()), default=0)
     for i, view in enumerate(jobs):
         current = running.get(view.id)
         candidates = [] if current is None else _keep_candidate(state, view, current, free_here)
@@ -140,6 +141,11 @@ def build_exact_program(
                 view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
             )
             by_type = state.by_type if allowed is None else allowed.get(view.id, {})
+            # Across GPU types: low-sensitivity jobs, and any job no one type can hold.
+            mixed = state.settings.mixed_types and (
+                state.rho.get(view.id, 1.0) <= state.settings.sigma
+                or view.spec.requirements.minimum > largest_type
+            )
             generated = config_gen.generate(
                 view.spec,
                 by_type,
@@ -148,6 +154,7 @@ def build_exact_program(
                 state.estimator,
                 span,
                 None if counts is None else counts.get(view.id, ()),
+                mixed=mixed and allowed is None,
             )
             candidates += [c for c in generated if c.config != current]
         t = tenant_resource.get(view.spec.tenant)

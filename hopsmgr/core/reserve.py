@@ -27,7 +27,7 @@ from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, Server, ServerId
 from hopsmgr.core.plan import Backfill, Reservation
 from hopsmgr.core.priority import PriorityContext, latency_ratio
-from hopsmgr.core.program import protected
+from hopsmgr.core.program import checkpoint_s, protected
 from hopsmgr.core.settings import SchedulerSettings
 
 
@@ -40,26 +40,56 @@ def eligible(view: JobView, ctx: PriorityContext, settings: SchedulerSettings) -
     )
 
 
+# [ours] A reservation whose GPUs are partly out of the capacity is kept this many rounds past its due start.
+RESERVATION_GRACE_ROUNDS = 3
+
+
+def reserved_servers(reservations: Sequence[Reservation]) -> frozenset[ServerId]:
+    """The servers of these reservations (profiling runs keep off them: they would stop the drain)."""
+    return frozenset(sid for r in reservations for sid in r.config.servers)
+
+
+def estimated_end_s(
+    view: JobView, config: Config, estimator: Estimator, servers: Mapping[ServerId, Server], now: float
+) -> float:
+    """When a running job is expected to end (never, without a rate estimate)."""
+    rate = estimator.config_rate(view.spec, config, servers)
+    return now + view.remaining_samples / rate if rate and rate > 0 else float("inf")
+
+
+def release_s(view: JobView, end_s: float, now: float, settings: SchedulerSettings, first: bool) -> float:
+    """When a running job's GPUs can be had for a reservation: at its end, or, with `reserve_preempt`,
+    once it is checkpointed if that is sooner: by this plan if it is a first plan and the attempt is
+    not protected, else by a first plan once its protection is over (a round later at most)."""
+    if not settings.reserve_preempt:
+        return end_s
+    protection_left = settings.min_attempt_s + 2 * view.spec.restart_s - view.attempt_s
+    wait = 0.0 if first and protection_left <= 0 else max(0.0, protection_left) + settings.round_seconds
+    return min(end_s, now + wait + checkpoint_s(view.spec))
+
+
 def free_times(
     snapshot: ClusterSnapshot,
     estimator: Estimator,
-    servers: Mapping[ServerId, Server],
+    settings: SchedulerSettings,
     capacity: Mapping[ServerId, int],
     running: Mapping[JobId, Config],
+    first: bool,
 ) -> dict[ServerId, list[float]]:
-    """Per server, when each of its usable GPUs is expected to be free, soonest first: idle GPUs now,
-    a running job's at its estimated end (never, for a job without a rate estimate)."""
+    """Per server, when each of its usable GPUs is expected to be free for a reservation, soonest
+    first: idle GPUs now, a running job's at its `release_s`."""
+    servers = snapshot.server_map()
     times: dict[ServerId, list[float]] = {sid: [] for sid in capacity}
     views = {v.id: v for v in snapshot.jobs}
     for jid, config in running.items():
         view = views.get(jid)
         if view is None:
             continue
-        rate = estimator.config_rate(view.spec, config, servers)
-        end = snapshot.now + view.remaining_samples / rate if rate and rate > 0 else float("inf")
+        end = estimated_end_s(view, config, estimator, servers, snapshot.now)
+        free = release_s(view, end, snapshot.now, settings, first)
         for sid, g in config.parts:
             if sid in times:
-                times[sid].extend([end] * g)
+                times[sid].extend([free] * g)
     for sid, n in capacity.items():
         held = len(times[sid])
         times[sid] = sorted([snapshot.now] * max(0, n - held) + times[sid])[: max(0, n)]
@@ -118,15 +148,16 @@ def choose(
     # servers were drained (or whose overrunning jobs were preempted) for it is not overtaken by one
     # whose ratio grew meanwhile, such as the preempted job itself (a preemption cycle).
     position = {v.id: k for k, v in enumerate(ordered)}
+    original = list(ordered)
     ordered = sorted(
         ordered,
         key=lambda v: (
             (0, previous[v.id].since_s, position[v.id]) if v.id in previous else (1, 0.0, position[v.id])
         ),
     )
-    type_gpus: dict[str, int] = {}
-    for sid, t in times.items():
-        type_gpus[servers[sid].gpu_type] = type_gpus.get(servers[sid].gpu_type, 0) + len(t)
+    type_gpus: dict[str, int] = {}  # whole servers: a GPU out of the capacity for a while still counts
+    for sid in times:
+        type_gpus[servers[sid].gpu_type] = type_gpus.get(servers[sid].gpu_type, 0) + servers[sid].gpus
     # Waiting jobs only one GPU type is big enough for: a narrower job's reservation avoids that type
     # where another will do (whole servers are kept for the jobs that need them).
     only: list[tuple[int, str]] = []
@@ -139,8 +170,9 @@ def choose(
             ]
             if len(fits) == 1:
                 only.append((view.spec.requirements.minimum, fits[0]))
+    ahead = _ahead_of_narrow(original, previous, settings)
     for view in ordered:
-        if not eligible(view, ctx, settings):
+        if not eligible(view, ctx, settings) or (settings.reserve_at_head and view.id not in ahead):
             continue
         types = estimator.profiled_types(view.id)
         best: tuple[bool, float, int, Config, float] | None = None
@@ -162,20 +194,45 @@ def choose(
                 blocks = any(t == gpu_type and need > gpus for need, t in only)
                 if best is None or (blocks, finish, gpus) < best[:3]:
                     best = (blocks, finish, gpus, config, start)
+        old = previous.get(view.id)
+        if old is not None and not any(s in taken for s in old.config.servers):
+            old_start = _when(times, old.config)
+            if (
+                old_start is None
+                and snapshot.now < old.due_s + RESERVATION_GRACE_ROUNDS * settings.round_seconds
+            ):
+                # Some of its GPUs are out of the capacity for now (a profiling run, a checkpoint being
+                # written): they come back, and dropping the reservation would open the drained servers.
+                old_start = max(old.start_s, snapshot.now)
+            if old_start is not None and (best is None or not best[4] < old_start - settings.round_seconds):
+                best = (False, 0.0, old.config.gpus, old.config, old_start)
         if best is None:
             continue
         _, _, gpus, config, start = best
         since, due = snapshot.now, start
-        old = previous.get(view.id)
         if old is not None:
             since = old.since_s
-            kept = old.config.servers
-            old_start = None if any(s in taken for s in kept) else _when(times, old.config)
-            if old_start is not None and not start < old_start - settings.round_seconds:
-                config, start, due = old.config, old_start, min(old.due_s, old_start)
+            if config == old.config:
+                due = min(old.due_s, start)
         out.append(Reservation(view.id, config, start, since, due))
         taken.update(config.servers)
         budget -= config.gpus
+    return out
+
+
+def _ahead_of_narrow(
+    ordered: Sequence[JobView], previous: Mapping[JobId, Reservation], settings: SchedulerSettings
+) -> set[JobId]:
+    """Waiting big jobs the queue puts ahead of every waiting narrower job (those already reserved
+    too): by priority it is their turn, yet the program, valuing each job by its normalised
+    throughput, would rather fill their GPUs with many small ones."""
+    out = set(previous)
+    for view in ordered:
+        if view.current is not None:
+            continue
+        if view.spec.requirements.minimum < settings.reserve_min_gpus:
+            break
+        out.add(view.id)
     return out
 
 
@@ -213,7 +270,9 @@ class Held:
 
     @property
     def out_of_program(self) -> set[JobId]:
-        return self.waiting | set(self.start)
+        """Reserved jobs that start now. A reserved job still waiting stays in the program: it may be
+        placed elsewhere (the closed servers are out of the program's capacity)."""
+        return set(self.start)
 
 
 def hold(
@@ -235,7 +294,7 @@ def hold(
     if not settings.reservations:
         return out
     servers = snapshot.server_map()
-    times = free_times(snapshot, estimator, servers, capacity, running)
+    times = free_times(snapshot, estimator, settings, capacity, running, first)
     out.reservations = choose(
         snapshot, estimator, settings, ctx, _within_caps(snapshot, ordered, running), times, previous
     )
@@ -258,8 +317,13 @@ def hold(
             out.until[sid] = r
             out.closed[sid] = max(0, idle.get(sid, 0))
             for jid in on_server.get(sid, ()):
-                if overran and not protected(views[jid], settings.min_attempt_s):
-                    continue
+                view = views[jid]
+                if first and not protected(view, settings.min_attempt_s):
+                    end = estimated_end_s(view, running[jid], estimator, servers, snapshot.now)
+                    if overran or (
+                        settings.reserve_preempt and end > release_s(view, end, snapshot.now, settings, first)
+                    ):
+                        continue  # not kept: preempted (or moved) by this plan
                 out.keep[jid] = running[jid]
     return out
 

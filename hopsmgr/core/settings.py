@@ -43,9 +43,12 @@ class SchedulerSettings:
     fairshare_reference: str = ""  # the reference GPU type of use; "" = the type with the most GPUs
     profiling_timeout_s: float = 600.0  # [ours] a profiling run that wrote no profile by then fails its job
     default_run_s: float = 3600.0  # [ours] expected run time of a job without the runtime and without --time
+    mixed_types: bool = True  # [ours] low-sensitivity jobs may span GPU types, batches split by speed
     reservations: bool = False  # [ours] reserve and drain servers for big waiting jobs (core.reserve)
     reserve_min_gpus: int = 8  # a job asking for at least this many GPUs may get a reservation
     reserve_after_lr: float = 0.5  # ... once its latency ratio (wait / expected run time) reaches this
+    reserve_preempt: bool = True  # reserved servers' jobs that would not end within a round are preempted
+    reserve_at_head: bool = True  # only for a big job the queue puts ahead of every narrower waiting job
     reserve_share: float = 0.5  # at most this share of the cluster's GPUs is reserved at once
     backfill_p90_factor: float = 1.25  # a backfilled job's P90 run time: the estimate times this
 

@@ -21,6 +21,7 @@ from hopsmgr.master import checkpoints, faults
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError, LaunchOrder
 from hopsmgr.master.heartbeats import node_error
+from hopsmgr.runtime.balance import format_shares
 
 log = structlog.get_logger("hopsmgr.master")
 
@@ -140,6 +141,9 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
                 nc.RESUME: "1" if attempt.resume else "0",
                 nc.RDZV_ENDPOINT: rendezvous,
             }
+            if isinstance(command, LaunchAttempt) and command.shares:
+                env[nc.RANK_SHARES] = format_shares(command.shares)
+                env[nc.FIRST_RANK] = str(sum(g for _, g in parts[:rank]))
             argv = list(payload.command)
             if payload.launcher == "torchrun" and not profiling:
                 argv = torchrun_argv(argv, len(parts), rank, gpus, rendezvous, attempt.id)

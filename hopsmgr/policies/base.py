@@ -17,6 +17,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, JobId
 from hopsmgr.core.plan import Reservation
 from hopsmgr.core.planner import Plan, PlanKind, plan_fragments, plan_round
+from hopsmgr.core.reserve import reserved_servers
 from hopsmgr.core.settings import SchedulerSettings
 
 Timer = Callable[[], float]
@@ -50,6 +51,11 @@ class HopsPolicy:
             plan = plan_fragments(snapshot, estimator, self.settings, timer, self.reservations)
         self.reservations = {r.job_id: r for r in plan.reservations}
         return plan
+
+    @property
+    def reserved_servers(self) -> frozenset[str]:
+        """Servers the last plan reserved (hopsmgr.control.planning keeps profiling runs off them)."""
+        return reserved_servers(tuple(self.reservations.values()))
 
 
 HOPS_VARIANTS = {

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from hopsmgr import nodecontract as nc
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED, PROFILE_FILE, PROGRESS_FILE, REQUEST_FILE
-from hopsmgr.runtime import checkpoint
+from hopsmgr.runtime import balance, checkpoint
 from hopsmgr.runtime.files import atomic_write_json
 from hopsmgr.runtime.stats import mean, two_means
 
@@ -35,6 +35,8 @@ PROGRESS_INTERVAL_S = 0.5
 PACE_WINDOW = 20
 WARMUP_ITERS = 2
 DEFAULT_PROFILE_ITERS = 20
+TORCH_RANK = "RANK"  # set by torchrun (and torch.distributed's env:// launchers)
+TORCH_WORLD_SIZE = "WORLD_SIZE"
 
 
 def cuda_sync() -> None:
@@ -88,7 +90,11 @@ def _env_path(env: Mapping[str, str], name: str) -> Path | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """What the wrapper told this process (all optional)."""
+    """What the wrapper told this process (all optional).
+
+    `rank` and `world_size` are torchrun's `RANK` and `WORLD_SIZE` (0 and 1 without it); `rank_shares`
+    is `HOPS_RANK_SHARES` (empty: equal shares), checked against `world_size` when `WORLD_SIZE` is set.
+    """
 
     job_id: str | None = None
     attempt_id: str | None = None
@@ -99,6 +105,11 @@ class Settings:
     gpus: int = 1
     lr_scale: float = 1.0
     emulated_speed: float = 1.0
+    rank: int = 0
+    world_size: int = 1
+    rank_shares: tuple[float, ...] = ()
+    first_rank: int = 0  # HOPS_FIRST_RANK: this node's first GPU's global rank
+    world_gpus: int = 1  # HOPS_WORLD_GPUS: GPUs of the whole placement
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -107,6 +118,11 @@ class Settings:
         mode = env.get(nc.MODE, "").strip() or "run"
         if mode not in MODES:
             raise ValueError(f"{nc.MODE}={mode!r} must be one of {', '.join(MODES)}")
+        world_size = _env_int(env, TORCH_WORLD_SIZE, 1, 1)
+        rank = _env_int(env, TORCH_RANK, 0, 0)
+        if rank >= world_size:
+            raise ValueError(f"{TORCH_RANK}={rank} must be below {TORCH_WORLD_SIZE}={world_size}")
+        sized = world_size if env.get(TORCH_WORLD_SIZE, "").strip() else None
         return cls(
             job_id=env.get(nc.JOB_ID) or None,
             attempt_id=env.get(nc.ATTEMPT_ID) or None,
@@ -117,6 +133,11 @@ class Settings:
             gpus=_env_int(env, nc.GPUS, 1, 1),
             lr_scale=_env_float(env, nc.LR_SCALE, 1.0),
             emulated_speed=_env_float(env, nc.EMULATED_SPEED, 1.0),
+            rank=rank,
+            world_size=world_size,
+            rank_shares=balance.parse_shares(env.get(nc.RANK_SHARES, ""), sized),
+            first_rank=_env_int(env, nc.FIRST_RANK, 0, 0),
+            world_gpus=_env_int(env, nc.WORLD_GPUS, _env_int(env, nc.GPUS, 1, 1), 1),
         )
 
 
@@ -172,6 +193,52 @@ class Runtime:
     @property
     def emulated_speed(self) -> float:
         return self._s.emulated_speed
+
+    @property
+    def share(self) -> float:
+        """This process's share of the global batch (`HOPS_RANK_SHARES` at `RANK`; 1/N when unset)."""
+        return self.shares()[self._s.rank]
+
+    def shares(self, world_size: int | None = None) -> tuple[float, ...]:
+        """Every rank's share for `world_size` ranks (default `WORLD_SIZE`): `HOPS_RANK_SHARES`, or equal."""
+        n = self._s.world_size if world_size is None else world_size
+        given = self._s.rank_shares
+        if not given:
+            return balance.equal_shares(n)
+        if len(given) != n:
+            raise ValueError(f"{nc.RANK_SHARES} has {len(given)} shares for a world of {n} ranks")
+        return given
+
+    @property
+    def node_share(self) -> float:
+        """The share of the global batch of this node's GPUs together (one process per node, as with
+        the plain launcher): `HOPS_RANK_SHARES` from `HOPS_FIRST_RANK` for `HOPS_GPUS` ranks, out of
+        `HOPS_WORLD_GPUS`; GPUs / world GPUs with equal shares."""
+        shares = self.shares(self._s.world_gpus)
+        first = self._s.first_rank
+        return sum(shares[first : first + self._s.gpus])
+
+    def local_batch_size(
+        self, global_batch: int, rank: int | None = None, world_size: int | None = None
+    ) -> int:
+        """How many of the `global_batch` samples rank `rank` (default `RANK`) trains on each step."""
+        where = self.local_batch_slice(global_batch, rank, world_size)
+        return where.stop - where.start
+
+    def local_batch_slice(
+        self, global_batch: int, rank: int | None = None, world_size: int | None = None
+    ) -> slice:
+        """Where rank `rank`'s samples lie in the global batch (ranks take consecutive runs in rank order)."""
+        shares = self.shares(world_size)
+        return balance.local_slice(global_batch, shares, self._s.rank if rank is None else rank)
+
+    def loss_scale(self, global_batch: int, rank: int | None = None, world_size: int | None = None) -> float:
+        """What rank `rank` multiplies its mean loss by before `backward()` so that DDP's average of the
+        ranks' gradients is the gradient of the mean loss over the global batch: N * b / B (1 for equal
+        shares that divide the batch)."""
+        n = self._s.world_size if world_size is None else world_size
+        local = self.local_batch_size(global_batch, rank, n)
+        return balance.loss_scale(local, global_batch, n)
 
     @property
     def iteration(self) -> int:

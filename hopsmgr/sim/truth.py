@@ -15,7 +15,8 @@ exponent log2(1.8). Configurations over k > 1 servers are slowed by the file's "
 consolidated ratio at the nearest measured count (capped at 1; 0.85 where absent), then 0.85 per further
 server (not with `spread_slowdown=False`, the `--gavel-compat` setting: Gavel's simulator uses the
 consolidated rates). Every GPU of a configuration runs at the per-GPU pace of the slowest server
-(slowest-server rule).
+(slowest-server rule), except on a configuration that spans GPU types: its ranks split the global
+batch by speed (hopsmgr.runtime.balance), so each GPU runs at its own pace (the rate is their sum).
 Hidden per-server factor: lognormal(0, per_server_sigma) on speed. The profile splits the 1-GPU step
 30/55/15 % into fwd/bwd/update with data loading (40 %) hidden under backward.
 
@@ -120,6 +121,10 @@ def _restart_s(params_bytes: float) -> float:
 
 def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _spans_types(parts: Parts) -> bool:
+    return len({s.gpu_type.lower() for s, _ in parts}) > 1
 
 
 def _check_parts(parts: Parts) -> int:
@@ -311,7 +316,10 @@ class GavelWorld(_BaseWorld):
             self.steps_per_s(tm.name, self._type(s), total) * self._server_factor(s, nominal)
             for s, _ in parts
         ]
-        rate = min(paces) * tm.batch_size  # every GPU runs at the slowest server's pace
+        if _spans_types(parts):  # speed-balanced batches: each GPU at its own pace (their mean)
+            rate = sum(p * g for p, (_, g) in zip(paces, parts, strict=True)) / total * tm.batch_size
+        else:
+            rate = min(paces) * tm.batch_size  # every GPU runs at the slowest server's pace
         if len(parts) > 1 and self.spread_slowdown:
             rate *= min(self._spread_factor(self._type(s), tm.name, total, len(parts)) for s, _ in parts)
         return rate
@@ -412,6 +420,19 @@ class _Modules(NamedTuple):
     net_gbps: float
 
 
+def _balanced_shares(pm: _PaperModel, mods: list[tuple[_Modules, int]], total: int) -> list[float]:
+    """[ours] Per part, its GPUs' local batch over the mean one when the global batch is split in
+    proportion to each GPU's true speed (its expected forward, backward and loading time per batch):
+    the ideal split; the runtime splits by the estimator's rates, which are a few percent off."""
+    speeds = []
+    for m, g in mods:
+        miss = m.miss * (1 + m.contention * (g - 1))
+        loading = m.p_hit * miss * pm.hit_ratio + (1 - m.p_hit) * miss
+        speeds.append(1.0 / (m.tf + m.tb + loading))
+    mean = sum(v * g for v, (_, g) in zip(speeds, mods, strict=True)) / total
+    return [v / mean for v in speeds]
+
+
 class PaperWorld(_BaseWorld):
     """The Hops paper's five server kinds and twelve models (see the module docstring)."""
 
@@ -460,8 +481,11 @@ class PaperWorld(_BaseWorld):
         comm = max(2 * (g - 1) / g * size / (m.link_gbps * 1e9) for m, g in mods)
         if k > 1:
             comm += 2 * (k - 1) / k * size / (min(m.net_gbps for m, _ in mods) * 1e9)
+        share = _balanced_shares(pm, mods, total) if _spans_types(parts) else [1.0] * len(mods)
         dists = []  # per part: (time on a hit, time on a miss, hit probability), GPUs
-        for m, g in mods:
+        for (m, g), f in zip(mods, share, strict=True):
+            # a speed-balanced part computes f x the batch per GPU (its forward, backward, loading)
+            m = m._replace(tf=m.tf * f, tb=m.tb * f, miss=m.miss * f)
             miss = m.miss * (1 + m.contention * (g - 1))
             exposed = comm * (1 - pm.overlap) + max(0.0, pm.overlap * comm - m.tb)
             busy = m.tb + m.tu + exposed

@@ -147,7 +147,17 @@ def test_a_profiling_run_that_writes_no_profile_in_time_fails_its_job_at_once_wi
 
 
 def test_a_job_no_placement_can_ever_hold_is_refused_with_the_reason() -> None:
-    h = Harness(servers=(Server("a", "v100", 4, order=1), Server("b", "k80", 2, order=2)))
+    servers = (Server("a", "v100", 4, order=1), Server("b", "k80", 2, order=2))
+    # With mixed_types (the default) a placement may span the types: only the cluster's size bounds it.
+    h = Harness(servers=servers)
+    (reply,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j7", (7,)))))
+    assert reply.status == 422 and reply.error_field == "gpus"
+    assert "exceeds the cluster's 6 GPUs" in (reply.error or "")
+    (ok,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j5", (5,)))))
+    assert ok.error is None
+    h.close()
+    one_type = ControlSettings(scheduler=SchedulerSettings(mixed_types=False))
+    h = Harness(servers=servers, settings=one_type)
     (reply,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j5", (5,)))))
     assert reply.status == 422 and reply.error_field == "gpus"
     assert "no placement can ever hold 5 GPUs" in (reply.error or "")

@@ -478,7 +478,7 @@ SEGMENT = st.text(
 def valid_submission(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {
         "command": [PY, "-c", "pass", *draw(st.lists(SAFE_TEXT, max_size=4))],
-        # placeable: a placement uses one GPU type, and each type has 2 GPUs here ([3] and [4] are refused)
+        # placeable on one GPU type (each type has 2 GPUs here; [3] and [4] would need a mixed placement)
         "gpus": draw(st.sampled_from([[1], [2], [1, 2], [2, 1], [1, 2, 4], [2, 4], [1, 3]])),
         "batch_size": draw(st.integers(1, 1 << 24)),
     }

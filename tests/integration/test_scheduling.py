@@ -106,3 +106,23 @@ def test_lost_node_requeues_its_job_and_stale_attempt_is_reaped(cluster: LocalCl
 
 def _health(cluster: LocalCluster, node: str) -> str:
     return str(cluster.api("GET", f"/api/v1/nodes/{node}")["health"])
+
+
+def test_a_job_no_gpu_type_can_hold_runs_across_types_with_speed_balanced_batches(
+    cluster: LocalCluster,
+) -> None:
+    # 4 GPUs: more than the v100 node (2, speed 1.0) or the k80 node (2, speed 0.5) has alone. The
+    # placement spans both; each rank's share of the global batch follows its GPU's profiled speed,
+    # so the v100 node takes about twice the k80 node's share and neither waits for the other.
+    job_id = cluster.submit(gpus="4", iters=60, step=0.02, name="mixed")
+    done = cluster.wait_state(job_id, "COMPLETED", timeout=120)
+    run = runs(done)[-1]
+    assert run["placement"] == {"n1": 2, "n2": 2}
+    shares, logs = {}, {}
+    for node in ("n1", "n2"):
+        logs[node] = (cluster.root / "nodes" / node / "attempts" / run["id"] / "log").read_text()
+        line = next(x for x in logs[node].splitlines() if x.startswith("batch share "))
+        shares[node] = float(line.split()[2])
+    assert "final checksum" in logs["n1"]  # node rank 0 trained to the end
+    assert abs(shares["n1"] + shares["n2"] - 1.0) < 1e-3
+    assert 1.6 < shares["n1"] / shares["n2"] < 2.5, shares

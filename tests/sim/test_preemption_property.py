@@ -6,8 +6,8 @@ checkpoint-and-stop the state machine commands; afterwards, for each scenario:
 - no job is preempted or moved inside its minimum attempt length (min_attempt_s + 2 x restart_s after
   its attempt started; the scenarios have no guarantees, caps or node losses, the only exceptions);
 - no preemption cycle: a job stopped out of a configuration does not retake that same configuration
-  within `CYCLE_ROUNDS` rounds, unless a job that held GPUs on those servers has ended meanwhile (the
-  GPUs came back because a job finished: no decision was reversed).
+  within `CYCLE_ROUNDS` rounds, unless a job or a profiling run that held GPUs on those servers has
+  ended meanwhile (the GPUs came back because it finished: no decision was reversed).
 
 HOPS_PROPERTY_SCENARIOS sets the number of scenarios (default 1000); each is a fraction of a second, as
 small programs are solved by the planner's in-process branch and bound.
@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from hopsmgr.control.commands import CheckpointAndStop, Command, JobChange, LaunchAttempt
+from hopsmgr.control.commands import CheckpointAndStop, Command, JobChange, LaunchAttempt, StartProfiling
 from hopsmgr.core.lifecycle import TERMINAL
 from hopsmgr.core.model import Config, Server
 from hopsmgr.core.settings import SchedulerSettings
@@ -46,8 +46,12 @@ class RecordingSimulation(Simulation):
         self.launches: list[tuple[float, str, Config]] = []
         self.stops: list[tuple[float, str, Config, float, str]] = []  # time, job, config, age, reason
         self.ends: dict[str, float] = {}
+        self.profiled: dict[str, tuple[str, float]] = {}  # profiling attempt -> (server, started)
+        self.profiles_ended: list[tuple[str, float, float]] = []  # server, started, ended
 
     def _do(self, command: Command) -> None:
+        if isinstance(command, StartProfiling):
+            self.profiled[command.attempt_id] = (command.server_id, self.now)
         if isinstance(command, LaunchAttempt):
             self.launches.append((self.now, command.job_id, command.placement))
         elif isinstance(command, CheckpointAndStop):
@@ -57,6 +61,12 @@ class RecordingSimulation(Simulation):
                 (self.now, attempt.job_id, attempt.placement, self.now - started, command.reason)
             )
         super()._do(command)
+
+    def _end_profile(self, end: Any) -> None:
+        if end.attempt_id in self.profiles and end.attempt_id in self.profiled:
+            server, started = self.profiled.pop(end.attempt_id)
+            self.profiles_ended.append((server, started, self.now))
+        super()._end_profile(end)
 
     def _changed(self, change: JobChange) -> None:
         if change.new in TERMINAL:
@@ -113,6 +123,10 @@ def run_scenario(seed: int) -> list[str]:
                     and at < sim.ends.get(taker, t + 1) <= t
                     for t_taker, taker, taken in sim.launches
                     if taker != job_id
+                )
+                freed = freed or any(
+                    server in config.servers and started < t and at < ended <= t
+                    for server, started, ended in sim.profiles_ended
                 )
                 if freed:
                     continue

@@ -2,6 +2,7 @@
 
 The reference is the exact (location-specific) program solved with gap 0: its optimum when proven,
 else its LP bound, so the ratio is conservative. The class model is a heuristic and never proven.
+Both solve without placements across GPU types (`mixed_types`): the class model makes none.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ CASES = [(gpus, seed) for gpus in (32, 64, 96, 128) for seed in (1, 2, 3, 4)]
 def ratio(gpus: int, seed: int) -> float:
     inst = busy_instance(seed, gpus, int(gpus * 1.5))
     exact = plan_round(
-        inst.snapshot, inst.estimator, SchedulerSettings(solver="exact", gap=0.0, time_limit_s=30)
+        inst.snapshot,
+        inst.estimator,
+        SchedulerSettings(solver="exact", gap=0.0, time_limit_s=30, mixed_types=False),
     )
     reference = exact.stats.objective if exact.stats.proven else exact.stats.bound
     assert reference is not None and reference > 0
-    classes = plan_round(inst.snapshot, inst.estimator, SchedulerSettings(solver="classes"))
+    classes = plan_round(
+        inst.snapshot, inst.estimator, SchedulerSettings(solver="classes", mixed_types=False)
+    )
     assert classes.stats.model == "classes"
     assert not classes.stats.proven  # a heuristic is never reported as proven
     assert classes.stats.fallback is None

@@ -25,7 +25,10 @@ from hopsmgr.policies.base import HopsPolicy
 PROFILE = TimeProfile(tf_s=0.1, tb_s=0.2, tu_s=0.0, td_hit_s=0.0, td_miss_s=0.0)
 RATE = 32 / 0.3  # samples/s of one GPU
 NOW = 10_000.0
-SETTINGS = SchedulerSettings(solver="exact", gap=0.0, fairshare=False, reservations=True)
+SETTINGS = SchedulerSettings(
+    solver="exact", gap=0.0, fairshare=False, reservations=True, reserve_preempt=False
+)
+PREEMPTING = replace(SETTINGS, reserve_preempt=True)
 
 
 def server(sid: str, order: int) -> Server:
@@ -164,3 +167,59 @@ def test_fragment_plans_keep_the_reserved_servers_closed() -> None:
     plan = plan_fragments(snap(views), estimator(views), SETTINGS)
     assert [r.job_id for r in plan.reservations] == ["big"]
     assert "long" not in plan.assignments and plan.assignments.get("short") == Config.single("s2", 1)
+
+
+def test_with_reserve_preempt_long_jobs_on_the_reserved_servers_are_checkpointed() -> None:
+    # r2 would run 400 s more: checkpointing it (this plan, its attempt is not protected) frees its
+    # GPUs sooner; r0 ends within the checkpoint time and is kept; a protected job would be kept too.
+    views = scene()
+    views[0] = running("r0", Config.single("s0", 8), 2.0)
+    plan = plan_round(snap(views), estimator(views), PREEMPTING)
+    (r,) = plan.reservations
+    assert r.config == Config.of({"s0": 8, "s2": 8})
+    assert r.start_s < NOW + 30.0  # r2's checkpoint, not its end
+    assert plan.assignments["r0"] == views[0].current
+    assert "r2" not in plan.assignments or plan.assignments["r2"] != views[2].current
+    assert "short" not in plan.backfills  # nothing ends before the reservation starts
+    young = scene(young=True)
+    plan = plan_round(snap(young), estimator(young), PREEMPTING)
+    assert plan.assignments["r2"] == young[2].current  # protected: kept; the start waits for it
+
+
+def test_a_reservation_survives_gpus_briefly_out_of_the_capacity() -> None:
+    views = scene()
+    est = estimator(views)
+    policy = HopsPolicy(SETTINGS)
+    (r,) = policy.plan(snap(views), est, "first", lambda: 0.0).reservations
+    # A profiling run (or a checkpoint being written) takes one of s0's GPUs for a while: the
+    # reservation stays, and s2's idle GPUs stay closed to the long job.
+    dipped = replace(snap(views), capacity={"s0": 7, "s1": 8, "s2": 8}, now=NOW + 10.0)
+    plan = policy.plan(dipped, est, "fragment", lambda: 0.0)
+    assert [x.config for x in plan.reservations] == [r.config]
+    assert "long" not in plan.assignments
+
+
+def test_profiling_keeps_off_reserved_servers() -> None:
+    policy = HopsPolicy(SETTINGS)
+    views = scene()
+    policy.plan(snap(views), estimator(views), "first", lambda: 0.0)
+    assert policy.reserved_servers == frozenset({"s0", "s2"})
+
+
+def test_compute_plan_puts_no_profiling_run_on_reserved_servers() -> None:
+    from hopsmgr.control.commands import PlanRequest
+    from hopsmgr.control.planning import compute_plan
+
+    views = scene()
+    views[1] = running("r1", Config.single("s1", 6), 5_000.0, started_s=60.0)  # s1: 2 idle GPUs
+    est = estimator(views)
+    policy = HopsPolicy(SETTINGS)
+    policy.plan(snap(views), est, "first", lambda: 0.0)  # reserves s0 and s2 (s2 has 4 idle GPUs)
+    assert policy.reserved_servers == frozenset({"s0", "s2"})
+    new = job("new", 1, 1e5)
+    request = PlanRequest("t", 1, "fragment", snap(views), (new,), profiling_budget=8)
+    ready = compute_plan(request, policy, est, lambda: 0.0)
+    assert [r.server_id for r in ready.runs] == ["s1"]  # not s2, the server with the most idle GPUs
+    policy.reservations = {}
+    ready = compute_plan(request, policy, est, lambda: 0.0)
+    assert [r.server_id for r in ready.runs] == ["s2"]

@@ -57,7 +57,7 @@ from hopsmgr.control.events import (
 from hopsmgr.control.records import Attempt, ControlState, Job, Node
 from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota
+from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota, spans_types
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -261,7 +261,7 @@ class SchedulerMachine:
         per_type: dict[str, int] = {}
         for node in state.nodes.values():
             per_type[node.server.gpu_type] = per_type.get(node.server.gpu_type, 0) + node.server.gpus
-        mixed = self.settings.scheduler.mixed_types  # else a placement uses one GPU type
+        mixed = self.settings.scheduler.mixed_types and spec.runtime  # else a placement uses one type
         if per_type and not mixed and spec.requirements.minimum > max(per_type.values()):
             types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
             message = (
@@ -427,7 +427,8 @@ class SchedulerMachine:
             servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}
             self.estimator.observe(job.id, attempt.placement, servers, event.samples_per_s, job=job.spec)
             self._records.append(ThroughputSample(job.id, self._now, attempt.placement, event.samples_per_s))
-            if event.td_s > 0:
+            if event.td_s > 0 and not spans_types(attempt.placement, servers):
+                # (on a placement across types the primary's batch is its share, not the job's batch)
                 gpu_type = self.state.nodes[attempt.primary].server.gpu_type
                 self.estimator.observe_data_time(job.id, gpu_type, event.td_s, event.tw_s)
 

@@ -371,6 +371,12 @@ def _fill(
         ):
             candidates = config_gen.generate(view.spec, by_type, here, state.servers, state.estimator, True)
             candidates = [c for c in candidates if c.config.gpus <= room]
+        if not candidates and _too_wide_for_a_type(state, view):
+            # The class program places within one type; a job no type can hold may span types here.
+            candidates = config_gen.mixed_candidates(
+                view.spec, by_type, here, state.servers, state.estimator, None, set()
+            )
+            candidates = [c for c in candidates if c.config.gpus <= room]
         if not candidates:
             continue
         best = max(
@@ -381,6 +387,14 @@ def _fill(
         if view.spec.tenant in tenant_left:
             tenant_left[view.spec.tenant] -= best.config.gpus
         assignment[view.id] = best.config
+
+
+def _too_wide_for_a_type(state: RoundState, view: JobView) -> bool:
+    """With `mixed_types`, a runtime job whose smallest count exceeds every GPU type's GPUs."""
+    if not (state.settings.mixed_types and view.spec.runtime):
+        return False
+    largest = max((sum(s.gpus for s in group) for group in state.by_type.values()), default=0)
+    return view.spec.requirements.minimum > largest
 
 
 def _moved(job_id: JobId, config: Config, running: Mapping[JobId, Config]) -> bool:

@@ -398,6 +398,9 @@ class Estimator:
             self._specs[job_id] = (job.batch_size, job.params_bytes)
         parts = [(_lookup(servers, sid), gpus) for sid, gpus in config.parts]
         n = len(parts)
+        if spans_types(config, servers):
+            self._observe_balanced(job_id, config, servers, samples_per_s, job)
+            return
         pace = samples_per_s / config.gpus
         ratio: float | None = None
         spec = self._specs.get(job_id)
@@ -419,6 +422,36 @@ class Estimator:
             if ratio is not None:
                 t.ratio = self._ewma(t.ratio, ratio)
             t.norm_rate = self._ewma(t.norm_rate, norm)
+        self._cache.pop(job_id, None)
+        self._type_cache.pop(job_id, None)
+
+    def _observe_balanced(
+        self,
+        job_id: JobId,
+        config: Config,
+        servers: Mapping[ServerId, Server],
+        samples_per_s: float,
+        job: JobSpec | None,
+    ) -> None:
+        """A placement across GPU types: its GPUs ran at unequal paces (speed-balanced batches), so
+        the measured total is split over the parts in proportion to their estimated rates, and only
+        the entity layer learns (a type-layer ratio would mix the types' errors into one number)."""
+        rates = None if job is None else self._part_rates(job, config, servers)
+        if rates is None:
+            return
+        predicted = sum(r * g for r, (_, g) in zip(rates, config.parts, strict=True))
+        if predicted <= 0:
+            return
+        scale = samples_per_s / predicted
+        n = len(config.parts)
+        entity = self._entity.setdefault(job_id, {})
+        for (sid, gpus), rate in zip(config.parts, rates, strict=True):
+            server = _lookup(servers, sid)
+            e = entity.get((sid, gpus, n))
+            if e is None:
+                entity[(sid, gpus, n)] = _EntityEntry(server.gpu_type, rate * scale)
+            else:
+                e.gpu_type, e.rate = server.gpu_type, self._ewma(e.rate, rate * scale)
         self._cache.pop(job_id, None)
         self._type_cache.pop(job_id, None)
 

@@ -258,7 +258,8 @@ def _plan(
     unplaceable: dict[JobId, str] = {}
     type_gpus = _gpus_per_type(usable_servers)
     for view in ordered:
-        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus, settings.mixed_types)
+        mixed = settings.mixed_types and view.spec.runtime
+        reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus, mixed)
         if reason is not None:
             unplaceable[view.id] = reason
     placeable = [v for v in ordered if v.id not in unplaceable]
@@ -309,13 +310,19 @@ def _plan(
         running_gpus: dict[str, int] = {}
         for jid, config in running.items():
             running_gpus[by_id[jid].spec.tenant] = running_gpus.get(by_id[jid].spec.tenant, 0) + config.gpus
-        fixed.update(
-            (jid, c)
-            for jid, c in held_res.keep.items()
-            if (q := snapshot.tenants.get(by_id[jid].spec.tenant)) is None
-            or q.cap_gpus is None
-            or running_gpus[q.name] <= q.cap_gpus
-        )
+        room = dict(capacity)
+        for config in fixed.values():
+            for sid, g in config.parts:
+                room[sid] -= g
+        for jid, c in held_res.keep.items():
+            q = snapshot.tenants.get(by_id[jid].spec.tenant)
+            over_cap = q is not None and q.cap_gpus is not None and running_gpus[q.name] > q.cap_gpus
+            if jid in fixed or over_cap or not fits_capacity(c, room):
+                continue  # (a shrunken capacity is met by _within_capacity's order, not overridden)
+            fixed[jid] = c
+            for sid, g in c.parts:
+                room[sid] -= g
+        held_res.keep = {jid: c for jid, c in held_res.keep.items() if fixed.get(jid) == c}
         fixed.update(held_res.start)
         free = dict(capacity)
         for config in fixed.values():

@@ -142,9 +142,14 @@ def build_exact_program(
             )
             by_type = state.by_type if allowed is None else allowed.get(view.id, {})
             # Across GPU types: low-sensitivity jobs, and any job no one type can hold.
-            mixed = state.settings.mixed_types and (
-                state.rho.get(view.id, 1.0) <= state.settings.sigma
-                or view.spec.requirements.minimum > largest_type
+            # (never for a job without the runtime: it cannot split its batch by the shares)
+            mixed = (
+                state.settings.mixed_types
+                and view.spec.runtime
+                and (
+                    state.rho.get(view.id, 1.0) <= state.settings.sigma
+                    or view.spec.requirements.minimum > largest_type
+                )
             )
             generated = config_gen.generate(
                 view.spec,

@@ -136,10 +136,13 @@ def choose(
     ordered: Sequence[JobView],
     times: Mapping[ServerId, list[float]],
     previous: Mapping[JobId, Reservation],
+    room: dict[str, int] | None = None,
 ) -> list[Reservation]:
-    """The reservations of this plan, for eligible jobs in queue order, on disjoint servers."""
+    """The reservations of this plan, for eligible jobs in queue order, on disjoint servers. `room`:
+    GPUs each capped tenant may still take (used up here: a reservation never exceeds a cap)."""
     if not settings.reservations:
         return []
+    room = {} if room is None else room
     servers = snapshot.server_map()
     budget = settings.reserve_share * sum(len(t) for t in times.values())
     taken: set[ServerId] = set()
@@ -176,8 +179,9 @@ def choose(
             continue
         types = estimator.profiled_types(view.id)
         best: tuple[bool, float, int, Config, float] | None = None
+        tenant = view.spec.tenant
         for gpus in view.spec.requirements.counts:
-            if out and gpus > budget:  # the first reservation is always allowed
+            if not _allowed(gpus, bool(out), budget, room.get(tenant)):
                 continue
             for gpu_type in sorted(types):
                 pool = [
@@ -204,7 +208,12 @@ def choose(
                 # Some of its GPUs are out of the capacity for now (a profiling run, a checkpoint being
                 # written): they come back, and dropping the reservation would open the drained servers.
                 old_start = max(old.start_s, snapshot.now)
-            if old_start is not None and (best is None or not best[4] < old_start - settings.round_seconds):
+            old_fits = _allowed(old.config.gpus, bool(out), budget, room.get(tenant))
+            if (
+                old_start is not None
+                and old_fits
+                and (best is None or not best[4] < old_start - settings.round_seconds)
+            ):
                 best = (False, 0.0, old.config.gpus, old.config, old_start)
         if best is None:
             continue
@@ -217,7 +226,15 @@ def choose(
         out.append(Reservation(view.id, config, start, since, due))
         taken.update(config.servers)
         budget -= config.gpus
+        if tenant in room:
+            room[tenant] -= config.gpus
     return out
+
+
+def _allowed(gpus: int, later: bool, budget: float, room: int | None) -> bool:
+    """Within the share of the cluster reservations may take (the first is always allowed) and the
+    tenant's cap (`room`: GPUs it may still take; None without a cap)."""
+    return not (later and gpus > budget) and (room is None or gpus <= room)
 
 
 def _ahead_of_narrow(
@@ -296,7 +313,7 @@ def hold(
     servers = snapshot.server_map()
     times = free_times(snapshot, estimator, settings, capacity, running, first)
     out.reservations = choose(
-        snapshot, estimator, settings, ctx, _within_caps(snapshot, ordered, running), times, previous
+        snapshot, estimator, settings, ctx, ordered, times, previous, _tenant_room(snapshot, running)
     )
     idle = dict(capacity)
     on_server: dict[ServerId, list[JobId]] = {}
@@ -328,22 +345,15 @@ def hold(
     return out
 
 
-def _within_caps(
-    snapshot: ClusterSnapshot, ordered: Sequence[JobView], running: Mapping[JobId, Config]
-) -> list[JobView]:
-    """The jobs whose tenant's cap leaves room for their smallest count (a reservation never starts a
-    job over its tenant's cap)."""
+def _tenant_room(snapshot: ClusterSnapshot, running: Mapping[JobId, Config]) -> dict[str, int]:
+    """GPUs each capped tenant may still take beyond what its jobs run on now."""
     held: dict[str, int] = {}
     for view in snapshot.jobs:
         if view.id in running:
             held[view.spec.tenant] = held.get(view.spec.tenant, 0) + running[view.id].gpus
-    out = []
-    for view in ordered:
-        quota = snapshot.tenants.get(view.spec.tenant)
-        cap = None if quota is None else quota.cap_gpus
-        if cap is None or held.get(view.spec.tenant, 0) + view.spec.requirements.minimum <= cap:
-            out.append(view)
-    return out
+    return {
+        name: q.cap_gpus - held.get(name, 0) for name, q in snapshot.tenants.items() if q.cap_gpus is not None
+    }
 
 
 def backfill(

@@ -37,6 +37,7 @@ WARMUP_ITERS = 2
 DEFAULT_PROFILE_ITERS = 20
 TORCH_RANK = "RANK"  # set by torchrun (and torch.distributed's env:// launchers)
 TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
 
 
 def cuda_sync() -> None:
@@ -109,6 +110,10 @@ class Settings:
     world_size: int = 1
     rank_shares: tuple[float, ...] = ()
     first_rank: int = 0  # HOPS_FIRST_RANK: this node's first GPU's global rank
+    # The index of this process in HOPS_RANK_SHARES: HOPS_FIRST_RANK + LOCAL_RANK when the master set
+    # HOPS_FIRST_RANK (torchrun's c10d rendezvous orders nodes its own way, so RANK may not follow
+    # the placement's order; any consistent index keeps the slices tiling the batch), else RANK.
+    share_rank: int = 0
     world_gpus: int = 1  # HOPS_WORLD_GPUS: GPUs of the whole placement
 
     @classmethod
@@ -137,6 +142,11 @@ class Settings:
             world_size=world_size,
             rank_shares=balance.parse_shares(env.get(nc.RANK_SHARES, ""), sized),
             first_rank=_env_int(env, nc.FIRST_RANK, 0, 0),
+            share_rank=(
+                _env_int(env, nc.FIRST_RANK, 0, 0) + _env_int(env, TORCH_LOCAL_RANK, 0, 0)
+                if env.get(nc.FIRST_RANK, "").strip()
+                else rank
+            ),
             world_gpus=_env_int(env, nc.WORLD_GPUS, _env_int(env, nc.GPUS, 1, 1), 1),
         )
 
@@ -196,8 +206,14 @@ class Runtime:
 
     @property
     def share(self) -> float:
-        """This process's share of the global batch (`HOPS_RANK_SHARES` at `RANK`; 1/N when unset)."""
-        return self.shares()[self._s.rank]
+        """This process's share of the global batch: `HOPS_RANK_SHARES` at its index (`HOPS_FIRST_RANK`
+        + `LOCAL_RANK` when the master set `HOPS_FIRST_RANK`, else `RANK`); 1/N when unset."""
+        shares = self.shares()
+        if self._s.share_rank >= len(shares):
+            raise ValueError(
+                f"rank index {self._s.share_rank} is outside the {len(shares)} shares of {nc.RANK_SHARES}"
+            )
+        return shares[self._s.share_rank]
 
     def shares(self, world_size: int | None = None) -> tuple[float, ...]:
         """Every rank's share for `world_size` ranks (default `WORLD_SIZE`): `HOPS_RANK_SHARES`, or equal."""
@@ -221,7 +237,8 @@ class Runtime:
     def local_batch_size(
         self, global_batch: int, rank: int | None = None, world_size: int | None = None
     ) -> int:
-        """How many of the `global_batch` samples rank `rank` (default `RANK`) trains on each step."""
+        """How many of the `global_batch` samples rank `rank` (default: this process's index, as in
+        `share`) trains on each step."""
         where = self.local_batch_slice(global_batch, rank, world_size)
         return where.stop - where.start
 
@@ -230,7 +247,7 @@ class Runtime:
     ) -> slice:
         """Where rank `rank`'s samples lie in the global batch (ranks take consecutive runs in rank order)."""
         shares = self.shares(world_size)
-        return balance.local_slice(global_batch, shares, self._s.rank if rank is None else rank)
+        return balance.local_slice(global_batch, shares, self._s.share_rank if rank is None else rank)
 
     def loss_scale(self, global_batch: int, rank: int | None = None, world_size: int | None = None) -> float:
         """What rank `rank` multiplies its mean loss by before `backward()` so that DDP's average of the

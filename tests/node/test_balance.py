@@ -317,3 +317,25 @@ def test_unequal_ddp_ranks_with_the_loss_scale_train_like_one_process_on_the_glo
 
 if __name__ == "__main__" and sys.argv[1:2] == ["launch"]:
     launch_ranks(int(sys.argv[2]))
+
+
+def test_the_share_index_follows_the_placement_not_torchruns_rank() -> None:
+    # torchrun's c10d rendezvous may number RANK in another node order; the master's HOPS_FIRST_RANK
+    # plus LOCAL_RANK is the index into HOPS_RANK_SHARES.
+    from hopsmgr import nodecontract as nc
+    from hopsmgr.runtime.core import Runtime
+
+    env = {
+        nc.RANK_SHARES: "0.3,0.3,0.2,0.2",
+        nc.FIRST_RANK: "2",
+        "LOCAL_RANK": "1",
+        "RANK": "1",
+        "WORLD_SIZE": "4",
+        nc.GPUS: "2",
+        nc.WORLD_GPUS: "4",
+    }
+    rt = Runtime.from_env(env, install_signals=False)
+    assert rt.share == pytest.approx(0.2)
+    assert rt.local_batch_slice(10) == slice(8, 10)
+    assert rt.node_share == pytest.approx(0.4)
+    assert rt.loss_scale(10) == pytest.approx(4 * 2 / 10)

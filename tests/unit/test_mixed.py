@@ -105,3 +105,47 @@ def test_fragments_of_two_types_serve_one_low_sensitivity_job() -> None:
     assert plan.assignments["a"] == a.current and plan.assignments["b"] == b.current
     off = plan_round(snapshot(a, b, two), est, replace(SETTINGS, mixed_types=False))
     assert "two" not in off.assignments
+
+
+def test_a_job_without_the_runtime_is_never_placed_across_types() -> None:
+    big = JobView(replace(job("big", 4), runtime=False), waited_s=100.0)
+    est = estimator(big.spec)
+    plan = plan_round(snapshot(big), est, SETTINGS)
+    assert "big" not in plan.assignments and "do not mix GPU types" in plan.unplaceable["big"]
+
+
+def test_the_class_model_places_a_job_no_type_can_hold_across_types() -> None:
+    big = JobView(job("big", 4), waited_s=100.0)
+    est = estimator(big.spec)
+    plan = plan_round(snapshot(big), est, replace(SETTINGS, solver="classes"))
+    assert plan.stats.model == "classes"
+    assert plan.assignments["big"] == Config.of({"f": 2, "s": 2})
+
+
+def test_observing_a_mixed_placement_keeps_its_balance() -> None:
+    # The measured total is split over the parts by their estimated rates: observing exactly the
+    # predicted rate changes neither the shares nor the fast server's rate, nor other v100 servers'.
+    j = job("j", 4)
+    est = estimator(j)
+    mixed = Config.of({"f": 2, "s": 2})
+    other = Server("f2", "v100", 2)
+    servers = {**SERVERS, "f2": other}
+    before = (
+        est.rank_shares(j, mixed, servers),
+        est.per_gpu_rate(j, FAST, 2, 2),
+        est.per_gpu_rate(j, other, 2, 2),
+    )
+    predicted = est.config_rate(j, mixed, servers)
+    assert predicted is not None
+    est.observe("j", mixed, servers, predicted, job=j)
+    after = (
+        est.rank_shares(j, mixed, servers),
+        est.per_gpu_rate(j, FAST, 2, 2),
+        est.per_gpu_rate(j, other, 2, 2),
+    )
+    assert after[0] == pytest.approx(before[0]) and after[1] == pytest.approx(before[1])
+    assert after[2] == pytest.approx(before[2])
+    est.observe("j", mixed, servers, predicted * 0.5, job=j)  # slower than predicted: both parts learn it
+    slower = est.config_rate(j, mixed, servers)
+    assert slower is not None and slower < predicted
+    assert est.rank_shares(j, mixed, servers) == pytest.approx(before[0])

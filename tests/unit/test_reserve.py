@@ -223,3 +223,41 @@ def test_compute_plan_puts_no_profiling_run_on_reserved_servers() -> None:
     policy.reservations = {}
     ready = compute_plan(request, policy, est, lambda: 0.0)
     assert [r.server_id for r in ready.runs] == ["s2"]
+
+
+def test_reservations_never_take_a_tenant_over_its_cap() -> None:
+    # Cap 12: a running 4-GPU job and two waiting 8-GPU jobs of the tenant; only one may start.
+    servers = [Server(f"t{k}", "A", 8, Calibration(), order=k) for k in range(4)]
+    views = [
+        running("r", Config.single("t0", 4), 5_000.0, started_s=60.0),
+        waiting("b1", 8, 1_000.0, 20_000.0),
+        waiting("b2", 8, 1_000.0, 19_000.0),
+    ]
+    views[0] = replace(views[0], spec=replace(views[0].spec, tenant="lab"))
+    views[1] = replace(views[1], spec=replace(views[1].spec, tenant="lab"))
+    views[2] = replace(views[2], spec=replace(views[2].spec, tenant="lab"))
+    snapshot = ClusterSnapshot(
+        tuple(servers),
+        {s.id: 8 for s in servers},
+        tuple(views),
+        NOW,
+        {"lab": TenantQuota("lab", cap_gpus=12)},
+    )
+    plan = plan_round(snapshot, estimator(views), SETTINGS)
+    held = sum(c.gpus for c in plan.assignments.values())
+    assert held <= 12, plan.assignments
+    assert sum(r.config.gpus for r in plan.reservations) <= 8
+
+
+def test_jobs_kept_for_a_drain_never_overfill_a_shrunken_server() -> None:
+    # s2's capacity fell to 3 (a profiling run took a GPU): the protected r2 (4 GPUs) no longer fits,
+    # and keeping it for the drain must not put it back over the capacity.
+    views = scene(young=True)
+    cap = {"s0": 8, "s1": 8, "s2": 3}
+    snap_ = replace(snap(views), capacity=cap)
+    plan = plan_round(snap_, estimator(views), SETTINGS)
+    used: dict[str, int] = {}
+    for config in plan.assignments.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    assert all(used.get(sid, 0) <= n for sid, n in cap.items()), plan.assignments

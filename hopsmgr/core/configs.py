@@ -106,14 +106,26 @@ def generate(
                     break
                 if len(parts) < 2:
                     continue
-                config = Config(tuple(sorted(parts)))
-                if config in seen:
-                    continue
-                seen.add(config)
-                rate = estimator.config_rate(job, config, servers)
-                if rate is not None and rate > 0:
-                    out.append(Candidate(config, rate))
+                _add(out, seen, parts, job, servers, estimator)
     return out
+
+
+def _add(
+    out: list[Candidate],
+    seen: set[Config],
+    parts: list[tuple[ServerId, int]],
+    job: JobSpec,
+    servers: Mapping[ServerId, Server],
+    estimator: Estimator,
+) -> None:
+    """Append the configuration of `parts` with its estimated rate, unless seen or without a rate."""
+    config = Config(tuple(sorted(parts)))
+    if config in seen:
+        return
+    seen.add(config)
+    rate = estimator.config_rate(job, config, servers)
+    if rate is not None and rate > 0:
+        out.append(Candidate(config, rate))
 
 
 def mixed_candidates(
@@ -149,11 +161,5 @@ def mixed_candidates(
             parts = distributed_parts(order, free, 0, gpus)
             if parts is None or len({servers[sid].gpu_type for sid, _ in parts}) < 2:
                 continue
-            config = Config(tuple(sorted(parts)))
-            if config in seen:
-                continue
-            seen.add(config)
-            rate = estimator.config_rate(job, config, servers)
-            if rate is not None and rate > 0:
-                out.append(Candidate(config, rate))
+            _add(out, seen, parts, job, servers, estimator)
     return out

@@ -142,6 +142,13 @@ def _fits_class(duration: str, counts: tuple[int, ...]) -> bool:
     return True
 
 
+def _check_jobs_and_rate(jobs: object, rate_per_hour: object) -> None:
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
+        raise ValueError(f"jobs must be a non-negative integer, got {jobs!r}")
+    if not (isinstance(rate_per_hour, (int, float)) and math.isfinite(rate_per_hour) and rate_per_hour > 0):
+        raise ValueError(f"rate_per_hour must be a positive number, got {rate_per_hour!r}")
+
+
 def poisson_workload(
     world: World,
     jobs: int,
@@ -155,10 +162,7 @@ def poisson_workload(
     `gpu_types` names the cluster's GPU types (default: all of the world's): the middle one is the
     reference type on which the duration classes are measured.
     """
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
-        raise ValueError(f"jobs must be a non-negative integer, got {jobs!r}")
-    if not (isinstance(rate_per_hour, (int, float)) and math.isfinite(rate_per_hour) and rate_per_hour > 0):
-        raise ValueError(f"rate_per_hour must be a positive number, got {rate_per_hour!r}")
+    _check_jobs_and_rate(jobs, rate_per_hour)
     if not tenants or any(not t for t in tenants):
         raise ValueError(f"tenants must be a non-empty list of non-empty names, got {list(tenants)!r}")
     ref_type = reference_gpu_type(world, gpu_types)
@@ -211,10 +215,7 @@ def gang_workload(
     width cycling through `big` (16, 32, 16, ...): the workload where a big job waits behind small
     ones that always fit first. Poisson arrivals at `rate_per_hour`; GPU-hours log-uniform within
     GANG_SMALL_GPU_HOURS and GANG_BIG_GPU_HOURS on the reference type (as in `poisson_workload`)."""
-    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 0:
-        raise ValueError(f"jobs must be a non-negative integer, got {jobs!r}")
-    if not (isinstance(rate_per_hour, (int, float)) and math.isfinite(rate_per_hour) and rate_per_hour > 0):
-        raise ValueError(f"rate_per_hour must be a positive number, got {rate_per_hour!r}")
+    _check_jobs_and_rate(jobs, rate_per_hour)
     if not isinstance(big_every, int) or big_every < 1:
         raise ValueError(f"big_every must be a positive integer, got {big_every!r}")
     if not big or any(not isinstance(n, int) or n < 1 for n in big):

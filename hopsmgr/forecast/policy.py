@@ -24,7 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.model import (
+    ClusterSnapshot,
+    Config,
+    GpuType,
+    JobSpec,
+    JobView,
+    Server,
+    ServerId,
+    spans_types,
+)
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, PlanKind, queue_order
 from hopsmgr.core.program import protected
@@ -96,7 +105,7 @@ class ForecastPolicy:
             if view.current is not None and fits(view.current, free):
                 config = view.current
             elif view.id not in keep_only:
-                config = _place(view.spec, by_type, free, estimator)
+                config = _place(view.spec, by_type, free, estimator, self.settings.mixed_types)
             if config is None:
                 continue
             take(config, free)
@@ -121,8 +130,15 @@ def _profiled(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], est: Es
 
 
 def _place(
-    job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], free: Mapping[ServerId, int], est: Estimator
+    job: JobSpec,
+    by_type: Mapping[GpuType, Sequence[Server]],
+    free: Mapping[ServerId, int],
+    est: Estimator,
+    mixed: bool = False,
 ) -> Config | None:
+    """At the smallest count on the fastest profiled type that has room; with `mixed` (the planner's
+    `mixed_types`), a runtime job no one type can hold is packed across the profiled types, as the
+    planner would place it (jobs that fit one type are forecast within one: a simplification)."""
     rated: list[tuple[float, GpuType]] = []
     for gpu_type in by_type:
         if est.has_profile(job.id, gpu_type):
@@ -133,6 +149,10 @@ def _place(
         config = pack(by_type[gpu_type], free, job.requirements.minimum)
         if config is not None:
             return config
+    largest = max((sum(s.gpus for s in group) for group in by_type.values()), default=0)
+    if mixed and job.runtime and rated and job.requirements.minimum > largest:
+        pool = [s for _, t in sorted(rated, key=lambda rt: (-rt[0], rt[1])) for s in by_type[t]]
+        return pack(pool, free, job.requirements.minimum)
     return None
 
 
@@ -150,6 +170,8 @@ def _grow(
     servers = snapshot.server_map()
     for view in views:
         config = assignments[view.id]
+        if spans_types(config, servers):
+            continue  # placed across types: not grown
         gpu_type = servers[config.parts[0][0]].gpu_type
         pool = sorted(
             (s for s in snapshot.servers if s.gpu_type == gpu_type and s.id in free),

@@ -149,3 +149,14 @@ def test_observing_a_mixed_placement_keeps_its_balance() -> None:
     slower = est.config_rate(j, mixed, servers)
     assert slower is not None and slower < predicted
     assert est.rank_shares(j, mixed, servers) == pytest.approx(before[0])
+
+
+def test_forecast_futures_place_a_job_no_type_can_hold_across_types() -> None:
+    from hopsmgr.forecast.policy import ForecastPolicy
+
+    big = JobView(job("big", 4), waited_s=100.0)
+    est = estimator(big.spec)
+    plan = ForecastPolicy(SETTINGS).plan(snapshot(big), est, "first", lambda: 0.0)
+    assert plan.assignments["big"].gpus == 4 and spans_types(plan.assignments["big"], SERVERS)
+    off = ForecastPolicy(replace(SETTINGS, mixed_types=False)).plan(snapshot(big), est, "first", lambda: 0.0)
+    assert "big" not in off.assignments

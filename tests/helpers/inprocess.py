@@ -11,9 +11,11 @@ deadline (SIGALRM), so a stuck test fails instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable
@@ -112,8 +114,29 @@ class InProcessCluster:
         assert len(ids) == len(set(ids)), "attempt ids repeat"
         assert all(set(servers) <= set(state.nodes) for servers in nodes.values())
 
+    def cancel_all(self, timeout: float = 30.0) -> None:
+        """Cancel every live job and wait until no GPU is held: a master that stops leaves its jobs
+        running (by design), so a test cluster cancels them first or they outlive the tests."""
+        live = ("PENDING", "PROFILING", "QUEUED", "LAUNCHING", "RUNNING")
+        query = "&".join(f"state={s}" for s in live)
+        for job in self.api("GET", f"/api/v1/jobs?{query}")["jobs"]:
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.api("POST", f"/api/v1/jobs/{job['id']}/cancel")
+        self.wait(
+            lambda: (
+                not self.api("GET", f"/api/v1/jobs?{query}")["jobs"]
+                and all(n["free_gpus"] == n["gpus"] for n in self.api("GET", "/api/v1/nodes")["nodes"])
+            ),
+            timeout,
+            "every job ended and its GPUs free after cancelling",
+        )
+        time.sleep(1.0)  # the node wrappers that stopped them exit and are reaped on the loop
+
     def close(self) -> None:
         try:
+            if getattr(self, "url", ""):
+                with contextlib.suppress(Exception):
+                    self.cancel_all()
             self.loop.call_soon_threadsafe(self.stop_agents.set)
             for task in self.agent_tasks:
                 task.result(30)

@@ -79,19 +79,31 @@ def serve(config_path: str, state_dir: str) -> int:
     """The child: mirrors hopsmgr.master.server.serve with the accepting executor, until SIGTERM."""
     from hopsmgr.config import load_cluster_config
     from hopsmgr.logs import configure_logging
-    from hopsmgr.master.server import MasterProcess
+    from hopsmgr.master.server import MasterProcess, freeze_started_state, tune_gc
 
     configure_logging(json_logs=True)
+    watch_ms = float(os.environ.get("HOPS_LOOPWATCH_MS", "0"))
+    if watch_ms:
+        sys.path.insert(0, str(Path(SCRIPT).parent))
+        import loopwatch
+
+        loopwatch.watch(watch_ms)
 
     async def run() -> None:
         config = load_cluster_config(config_path)
+        tune_gc()
         master = MasterProcess(config, Path(state_dir), executor=AcceptingExecutor())
         await master.start()
+        freeze_started_state()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
+        if watch_ms:
+            loop.add_signal_handler(signal.SIGUSR1, loopwatch.reset)  # phase 2 starts
         await stopping.wait()
+        if watch_ms:
+            (Path(state_dir) / "loopwatch.json").write_text(json.dumps(loopwatch.report(), indent=1))
         await master.stop()
 
     asyncio.run(run())
@@ -125,11 +137,12 @@ def cluster_toml(agents: int, gpus: int, round_s: float) -> tuple[str, list[tupl
     return "\n".join(lines), servers, [t[0] for t in tenants]
 
 
-def start_master(workdir: Path) -> tuple[subprocess.Popen[bytes], str, str, str]:
+def start_master(workdir: Path, loopwatch_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str, str, str]:
     state = workdir / "state"
     log = (workdir / "master.log").open("wb")
     cmd = [sys.executable, SCRIPT, "--serve", str(workdir / "cluster.toml"), str(state)]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    env = {**os.environ, "HOPS_LOOPWATCH_MS": str(loopwatch_ms)} if loopwatch_ms else None
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 120
     url = ""
     while not url:
@@ -398,6 +411,24 @@ def log_events(path: Path) -> dict[str, int]:
     return counts
 
 
+def loop_blocks(path: Path) -> dict[str, Any]:
+    """The master's event-loop blocks of phase 2 (--loopwatch-ms): flat totals, the places printed."""
+    if not path.exists():
+        return {}
+    found = json.loads(path.read_text())
+    print(f"garbage collections of phase 2: {found['gc']}")
+    print("event-loop blocks of phase 2 (count, total ms, CPU ms, max ms, where):")
+    for row in found["top"]:
+        print(
+            f"  {row['count']:5d} {row['total_ms']:9.1f} {row['cpu_ms']:9.1f} {row['max_ms']:7.1f}  {row['where']}"
+        )
+    return {
+        "loop_blocks": found["blocks"],
+        "loop_blocked_ms": found["blocked_ms"],
+        "loop_blocked_cpu_ms": found["blocked_cpu_ms"],
+    }
+
+
 def stop_master(proc: subprocess.Popen[bytes]) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -412,7 +443,7 @@ def stop_master(proc: subprocess.Popen[bytes]) -> int:
 async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     text, servers, tenants = cluster_toml(args.agents, args.gpus_per_node, args.round_seconds)
     (workdir / "cluster.toml").write_text(text)
-    proc, url, admin, cluster = start_master(workdir)
+    proc, url, admin, cluster = start_master(workdir, args.loopwatch_ms)
     c = Counters()
     try:
         print(f"master pid {proc.pid} at {url}; submitting {args.jobs} jobs", flush=True)
@@ -423,6 +454,8 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         before = metric(str(await fetch(url, admin, "/metrics", c)), "hopsmgr_round_seconds_count") or 0
         load = Load(url, admin, cluster, [Node(s, t, args.gpus_per_node) for s, t in servers], args.seed, c)
         load.poll_s = args.poll_seconds
+        if args.loopwatch_ms:
+            proc.send_signal(signal.SIGUSR1)  # count the event loop's blocks of phase 2 only
         cpu0, mine0, w0 = proc_cpu_s(proc.pid), time.process_time(), time.perf_counter()
         await load.run(args.duration, ids)
         cpu1, mine1, wall = proc_cpu_s(proc.pid), time.process_time(), time.perf_counter() - w0
@@ -467,6 +500,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         master_rss_end_mb=rss_now,
         master_exit_code=code,
         client_cpu_percent=(mine1 - mine0) / wall * 100,
+        **loop_blocks(workdir / "state" / "loopwatch.json"),
         profiles_reported=c.profiled,
         jobs_completed=c.completed,
         end_used_gpus=state.get("used_gpus"),
@@ -501,6 +535,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the flat result object here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (config, state, log)")
+    parser.add_argument(
+        "--loopwatch-ms",
+        type=float,
+        default=0.0,
+        help="report the master's event-loop callbacks of phase 2 longer than this (bench/loopwatch.py)",
+    )
     args = parser.parse_args(argv)
     if min(args.agents, args.jobs, args.concurrency, args.gpus_per_node) < 1 or args.duration <= 0:
         parser.error("--agents, --jobs, --concurrency, --gpus-per-node and --duration must be > 0")

@@ -378,7 +378,8 @@ class SchedulerMachine:
                 StartProfiling(self._stimulus, attempt.id, job.id, server, attempt.gpu_type, attempt.devices)
             )
         else:
-            servers = {n.server.id: n.server for n in self.state.nodes.values()}
+            nodes = self.state.nodes
+            servers = {sid: nodes[sid].server for sid, _ in attempt.placement.parts if sid in nodes}
             shares = self.estimator.rank_shares(job.spec, attempt.placement, servers)
             self.emit(
                 LaunchAttempt(

@@ -11,32 +11,48 @@ from typing import TYPE_CHECKING
 
 from hopsmgr.core import fairshare
 from hopsmgr.core.fairshare import TenantUsage
+from hopsmgr.core.model import GpuType
 
 if TYPE_CHECKING:
     from hopsmgr.control.machine import SchedulerMachine
     from hopsmgr.control.records import Attempt, ControlState
 
 
-def charge_attempt(m: SchedulerMachine, attempt: Attempt, now: float) -> None:
+def charge_attempt(
+    m: SchedulerMachine, attempt: Attempt, now: float, reference: GpuType | None = None
+) -> None:
+    """Charge `attempt`'s tenant up to `now` (`reference` as `reference_type` gives it, when the
+    caller charges many attempts at once)."""
     job = m.state.jobs.get(attempt.job_id)
     if job is None or attempt.started is None:
         return
     since = max(attempt.started, attempt.charged_until)
     if now <= since:
         return
-    state = m.state
-    servers = {sid: node.server for sid, node in state.nodes.items()}
-    reference = fairshare.reference_type(servers.values(), m.settings.scheduler.fairshare_reference)
-    rate = fairshare.charge_rate(job.spec, attempt.placement, servers, reference, m.estimator)
+    nodes = m.state.nodes
+    servers = {sid: nodes[sid].server for sid, _ in attempt.placement.parts if sid in nodes}
+    ref = reference_type(m) if reference is None else reference
+    rate = fairshare.charge_rate(job.spec, attempt.placement, servers, ref, m.estimator)
     tenant = job.spec.tenant
-    usage = state.usage.setdefault(tenant, TenantUsage(tenant, 0.0, now))
+    usage = m.state.usage.setdefault(tenant, TenantUsage(tenant, 0.0, now))
     usage.charge(rate * (now - since), now, m.settings.scheduler.fairshare_half_life_h)
     attempt.charged_until = now
 
 
+def reference_type(m: SchedulerMachine) -> GpuType:
+    """hopsmgr.core.fairshare.reference_type of the machine's nodes, from the GPU-type shares the state
+    keeps (not a pass over every node)."""
+    configured = m.settings.scheduler.fairshare_reference
+    shares = m.state.type_share
+    if configured or not shares:
+        return configured
+    return min(shares, key=lambda t: (-shares[t], t))
+
+
 def charge_all(m: SchedulerMachine, now: float) -> None:
+    reference = reference_type(m)
     for attempt in list(m.state.attempts.values()):
-        charge_attempt(m, attempt, now)
+        charge_attempt(m, attempt, now, reference)
 
 
 def current_usage(state: ControlState, now: float, half_life_h: float) -> dict[str, float]:

@@ -21,7 +21,17 @@ from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import fairshare, ilp, quota, reserve
 from hopsmgr.core.estimates import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
+from hopsmgr.core.model import (
+    ClusterSnapshot,
+    Config,
+    GpuType,
+    JobId,
+    JobSpec,
+    JobView,
+    Server,
+    ServerId,
+    TenantQuota,
+)
 from hopsmgr.core.plan import (
     CandidateView,
     JobExplain,
@@ -80,17 +90,28 @@ __all__ = [
 
 
 def priority_context(snapshot: ClusterSnapshot, estimator: Estimator) -> PriorityContext:
+    return context_of(snapshot.servers, len(snapshot.jobs), snapshot.tenants, snapshot.now, estimator)
+
+
+def context_of(
+    servers: Iterable[Server],
+    active_jobs: int,
+    tenants: Mapping[str, TenantQuota],
+    now: float,
+    estimator: Estimator,
+) -> PriorityContext:
+    """The priority context of a cluster of `servers` with `active_jobs` live jobs (no snapshot needed)."""
     totals: dict[GpuType, int] = {}
-    for s in snapshot.servers:
+    for s in servers:
         totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
     all_gpus = sum(totals.values()) or 1
     return PriorityContext(
-        now=snapshot.now,
+        now=now,
         type_share={t: n / all_gpus for t, n in totals.items()},
         rate=estimator.type_rate,
         total_gpus=all_gpus,
-        active_jobs=max(1, len(snapshot.jobs)),
-        tenant_weight={name: q.weight for name, q in snapshot.tenants.items()},
+        active_jobs=max(1, active_jobs),
+        tenant_weight={name: q.weight for name, q in tenants.items()},
     )
 
 

@@ -334,8 +334,11 @@ def capture(
     recent: Sequence[float] = (),
     window_s: float = 6 * 3600.0,
     next_round: float | None = None,
+    copy_records: bool = True,
 ) -> LiveState:
-    """A copy of the machine's state at `now` that a forecast can run from (in another thread)."""
+    """A copy of the machine's state at `now` that a forecast can run from (in another thread). With
+    `copy_records` false its jobs and attempts are the machine's own objects: only for a caller that
+    copies the result at once (pickles it for a worker process) before the machine changes them."""
     state = machine.state
     s = machine.settings
     healthy = frozenset(
@@ -346,6 +349,7 @@ def capture(
         and now - n.exec_error_at >= s.exec_error_backoff_s
     )
     round_s = s.scheduler.round_seconds
+    jobs, attempts = list(state.jobs.values()), list(state.attempts.values())
     return LiveState(
         now=now,
         servers=tuple(n.server for n in state.nodes.values()),
@@ -353,8 +357,8 @@ def capture(
         healthy=healthy,
         drained=frozenset(n.server.id for n in state.nodes.values() if n.drained),
         tenants=tuple(state.tenants.values()),
-        jobs=tuple(copy.deepcopy(list(state.jobs.values()))),
-        attempts=tuple(copy.deepcopy(list(state.attempts.values()))),
+        jobs=tuple(copy.deepcopy(jobs) if copy_records else jobs),
+        attempts=tuple(copy.deepcopy(attempts) if copy_records else attempts),
         attempt_seq=machine.attempt_seq,
         estimator=machine.estimator.export_state(),
         recent=tuple(recent),

@@ -582,7 +582,15 @@ class Controller:
     def flush(self) -> None:
         """Write buffered throughput history and progress counters in one transaction (about every second)."""
         rows, self.throughput = self.throughput, []
-        dirty = [j for j in self.machine.state.jobs.values() if self.written.get(j.id) != j.done_samples]
+        # Progress changes only while an attempt is open; a job's state change when it ends writes its
+        # counters (_write_change), so the jobs of open attempts are all that can be dirty here.
+        state = self.machine.state
+        placed = {a.job_id for a in state.attempts.values() if not a.profiling}
+        dirty = [
+            job
+            for job in (state.jobs.get(j) for j in placed)
+            if job is not None and self.written.get(job.id) != job.done_samples
+        ]
         if not rows and not dirty:
             return
         with self.store.transaction():

@@ -1,12 +1,16 @@
-"""The master's forecasts: the live state copied on the event loop, the queue forecast in a thread.
+"""The master's forecasts: the live state copied on the event loop, the queue forecast off it.
 
 Every `interval_s` (the round length, at least 5 s, and at least DUTY_FACTOR times the last
 forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
-copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to a daemon thread (a
-master that stops does not wait for a forecast under way) that runs hopsmgr.forecast.run.forecast
-within `budget_s`; the answer replaces `ctl.forecasts` (job id ->
-JobForecast), which the API's job summaries and explanations show. Submission times seen in live jobs
-form the recent arrival process the futures draw new jobs from.
+copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to the forecast worker
+that runs hopsmgr.forecast.run.forecast within `budget_s`; the answer replaces `ctl.forecasts` (job id
+-> JobForecast), which the API's job summaries and explanations show. Submission times seen in live
+jobs form the recent arrival process the futures draw new jobs from.
+
+Where the master plans in a process of its own (`master.planner = "process"`, the default), forecasts
+and what-ifs run in two worker processes of their own too (hopsmgr.master.worker: niced, started on
+first use; the state is copied by pickling it), so they never hold the event loop's interpreter lock;
+with `planner = "thread"`, in daemon threads (a master that stops does not wait for one under way).
 """
 
 from __future__ import annotations
@@ -23,14 +27,17 @@ import structlog
 
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.calibrate import Residuals, StartTracker
-from hopsmgr.forecast.future import capture
+from hopsmgr.forecast.future import LiveState, capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master.controller import Controller
+from hopsmgr.master.worker import WorkerProcess
 
 log = structlog.get_logger("hopsmgr.master")
 WINDOW_S = 6 * 3600.0
 WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
 DUTY_FACTOR = 4.0
+FORECAST_TIMEOUT_S = 300.0  # a forecast worker silent this long is replaced (forecasts go stale meanwhile)
+WHAT_IF_TIMEOUT_S = 60.0
 _T = TypeVar("_T")
 
 
@@ -70,6 +77,25 @@ class Forecaster:
         self.made_ms: deque[float] = deque(maxlen=1000)
         # start intervals widened by how far recent jobs' starts were from their forecasts
         self.tracker = StartTracker(Residuals(round_s=ctl.config.scheduler.round_seconds))
+        self.in_process = ctl.config.master.planner == "process"
+        self.worker = WorkerProcess("hopsmgr-forecast")
+        self.what_if_worker = WorkerProcess("hopsmgr-what-if")
+
+    def capture(self, now: float) -> LiveState:
+        """The live state to forecast from (the machine's own records where offload will pickle them)."""
+        recent = self.recent_arrivals(now)
+        return capture(self.ctl.machine, now, recent, WINDOW_S, copy_records=not self.in_process)
+
+    async def offload(self, fn: Callable[..., _T], *args: Any, what_if: bool = False) -> _T:
+        """`fn(*args)` off the event loop: in a worker process (pickled at once, before any await) or a
+        daemon thread (`args` must then be copies the loop will not change)."""
+        if not self.in_process:
+            return await in_daemon_thread(fn, *args)
+        worker = self.what_if_worker if what_if else self.worker
+        result: _T = await worker.call(
+            fn, *args, timeout_s=WHAT_IF_TIMEOUT_S if what_if else FORECAST_TIMEOUT_S
+        )
+        return result
 
     def _note_arrivals(self) -> None:
         for job in self.ctl.machine.state.jobs.values():
@@ -99,9 +125,8 @@ class Forecaster:
             ctl.forecasts = {}
             return
         now = ctl.clock()
-        live = capture(ctl.machine, now, self.recent_arrivals(now), WINDOW_S)
         t0 = time.perf_counter()
-        result = await in_daemon_thread(forecast, live, self.settings, time.perf_counter)
+        result = await self.offload(forecast, self.capture(now), self.settings, time.perf_counter)
         self.last_s = time.perf_counter() - t0
         self.made_ms.append(self.last_s * 1000)
         self.tracker.note(result)
@@ -118,4 +143,6 @@ class Forecaster:
             await asyncio.sleep(max(self.interval_s, DUTY_FACTOR * self.last_s))
 
     def close(self) -> None:
-        """Nothing to wait for: a forecast under way runs on in its daemon thread, unused."""
+        """Stop the workers; a forecast under way in a daemon thread runs on, unused."""
+        self.worker.stop()
+        self.what_if_worker.stop()

@@ -13,8 +13,10 @@ it is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing
 import multiprocessing.connection
+import os
 import time
 from dataclasses import replace
 from typing import Any
@@ -28,6 +30,9 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.settings import SchedulerSettings
 
 log = structlog.get_logger("hopsmgr.master")
+# The worker runs at a lower CPU priority than the master: where cores are few, heartbeats and API
+# replies come first and a plan takes longer (its deadline still holds), not the other way round.
+PLANNER_NICE = 5
 
 
 class LoggedEstimator(Estimator):
@@ -64,6 +69,8 @@ def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSetti
     request) in, PlanReady out, until the pipe closes."""
     from hopsmgr.policies.base import HopsPolicy
 
+    with contextlib.suppress(OSError):  # the event loop wins a contended core (see PLANNER_NICE)
+        os.nice(PLANNER_NICE)
     policy = HopsPolicy(settings)
     estimator = Estimator()
     while True:

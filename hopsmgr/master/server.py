@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -38,6 +39,21 @@ from hopsmgr.master.store import Store, StoreError, open_store
 from hopsmgr.master.tokens import new_token
 
 log = structlog.get_logger("hopsmgr.master")
+# The collector's young generation every 10,000 allocations (default 700): at 10,000 jobs the default
+# promoted a plan's short-lived objects into full collections of 0.1-0.3 s each (bench/master_load.py
+# --loopwatch-ms), event-loop stalls every heartbeat waiting then saw.
+GC_THRESHOLDS = (10_000, 10, 20)
+
+
+def tune_gc() -> None:
+    """For a process that is the master (not for tests that run masters inside their own process)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def freeze_started_state() -> None:
+    """After start: what the master restored lives on, so full collections need not scan it again."""
+    gc.collect()
+    gc.freeze()
 
 
 class StartError(RuntimeError):
@@ -296,8 +312,10 @@ class MasterProcess:
 
 
 async def serve(config: ClusterConfig, state_dir: Path, listen: str | None = None) -> None:
+    tune_gc()
     master = MasterProcess(config, state_dir, listen)
     await master.start()
+    freeze_started_state()
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -2,8 +2,8 @@
 and a waiting job's forecast with other GPU counts (`explain JOB --gpus 2,4`).
 
 Both take a copy of the live state on the event loop (hopsmgr.forecast.future.capture), change it
-(hopsmgr.forecast.whatif) and forecast the one job in a daemon thread, as the queue forecast does
-(hopsmgr.master.forecasts), within WHAT_IF_SETTINGS' budget; one at a time, at most MAX_IN_LINE
+(hopsmgr.forecast.whatif) and forecast the one job off the event loop, as the queue forecast does
+(hopsmgr.master.forecasts: a worker process of its own, or a daemon thread), within WHAT_IF_SETTINGS' budget; one at a time, at most MAX_IN_LINE
 waiting (more are refused with 429, so requests cannot pile forecasts onto the master). Nothing is
 stored and the queue's own forecasts are untouched.
 """
@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from hopsmgr.core.model import ModelError, RequirementSet
-from hopsmgr.forecast.future import LiveState, capture
+from hopsmgr.forecast.future import LiveState
 from hopsmgr.forecast.whatif import (
     WHAT_IF_ID,
     NotWaiting,
@@ -26,8 +26,9 @@ from hopsmgr.forecast.whatif import (
     with_requirements,
 )
 from hopsmgr.master.controller import Controller, Principal, RequestError
-from hopsmgr.master.forecasts import WINDOW_S, Forecaster, in_daemon_thread
+from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.openapi import GPUS_PATTERN
+from hopsmgr.master.worker import WorkerError, WorkerTimeout
 from hopsmgr.protocol import Submission
 
 MAX_IN_LINE = 4
@@ -42,12 +43,14 @@ class WhatIfs:
         self.in_line = 0
 
     async def _forecast(self, live: LiveState, job_id: str) -> dict[str, Any] | None:
-        found = await in_daemon_thread(forecast_job, live, job_id, time.perf_counter)
+        try:
+            found = await self.forecaster.offload(forecast_job, live, job_id, time.perf_counter, what_if=True)
+        except (WorkerError, WorkerTimeout) as exc:
+            raise RequestError(503, None, f"the what-if forecast failed: {exc}") from exc
         return None if found is None else found.as_dict()
 
     def _live(self) -> LiveState:
-        now = self.ctl.clock()
-        return capture(self.ctl.machine, now, self.forecaster.recent_arrivals(now), WINDOW_S)
+        return self.forecaster.capture(self.ctl.clock())
 
     async def _one_at_a_time(self) -> None:
         if self.in_line >= MAX_IN_LINE:

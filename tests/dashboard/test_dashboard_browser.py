@@ -10,6 +10,7 @@ layout fits a phone's width. Screenshots of every page go to `tmp_path / "screen
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,17 @@ def test_pages_show_what_the_api_says_and_a_submission_appears_live(
     assert rows == [t["name"] for t in dash.api("GET", "/api/v1/tenants", token=ana)["tenants"]] == ["vision"]
 
     page = tab.open("/ui/scheduler", "scheduler")
-    last = dash.api("GET", "/api/v1/cluster", token=ana)["last_round"]
-    assert last is not None and last["method"] in page.locator("dl.facts").inner_text()
+    # a round may land between the page and the API call (fragment plans follow the submission): then
+    # the page is loaded again until both show the same latest round
+    deadline = time.monotonic() + 10
+    while True:
+        last = dash.api("GET", "/api/v1/cluster", token=ana)["last_round"]
+        shown_facts = page.locator("dl.facts").inner_text()
+        if (last is not None and last["method"] in shown_facts) or time.monotonic() > deadline:
+            break
+        page.wait_for_timeout(200)
+        page.reload()
+    assert last is not None and last["method"] in shown_facts
 
     done = dash.api("POST", "/api/v1/jobs", job(40, "vision", [1], "short"), ana)["id"]
     page = tab.open(f"/ui/jobs/{done}", "job")

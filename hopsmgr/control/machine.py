@@ -220,22 +220,25 @@ class SchedulerMachine:
             **ended,  # type: ignore[arg-type]
         )
 
-    def fragment_soon(self) -> None:
+    def fragment_soon(self, first: Job | None = None) -> None:
         """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs
-        (once: until the plan asked for is made, more asking changes nothing)."""
-        if self.settings.fragment_plans and not self.plan_soon and self._fits_idle():
+        (once: until the plan asked for is made, more asking changes nothing); `first`: the job to
+        look at before the others (the one that just arrived)."""
+        if self.settings.fragment_plans and not self.plan_soon and self._fits_idle(first):
             self.plan_soon = True
             self.emit(PlanSoon(self._stimulus, "fragment"))
 
-    def _fits_idle(self) -> bool:
+    def _fits_idle(self, first: Job | None = None) -> bool:
         idle = views.idle_gpus(self.state, self._now, self.settings.exec_error_backoff_s)
         if idle <= 0:
             return False
-        return any(
-            (j.state == JobState.QUEUED and j.spec.requirements.minimum <= idle)
-            or (j.state == JobState.PENDING and self.settings.profiling)
-            for j in self.state.jobs.values()
-        )
+
+        def fits(j: Job) -> bool:
+            return (j.state == JobState.QUEUED and j.spec.requirements.minimum <= idle) or (
+                j.state == JobState.PENDING and self.settings.profiling
+            )
+
+        return (first is not None and fits(first)) or any(fits(j) for j in self.state.jobs.values())
 
     # -- jobs ---------------------------------------------------------------------------------------------
 
@@ -258,9 +261,7 @@ class SchedulerMachine:
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
             return Reply(self._stimulus, None, "gpus", message, 422)
-        per_type: dict[str, int] = {}
-        for node in state.nodes.values():
-            per_type[node.server.gpu_type] = per_type.get(node.server.gpu_type, 0) + node.server.gpus
+        per_type = state.type_gpus
         mixed = self.settings.scheduler.mixed_types and spec.runtime  # else a placement uses one type
         if per_type and not mixed and spec.requirements.minimum > max(per_type.values()):
             types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
@@ -310,7 +311,7 @@ class SchedulerMachine:
         if waits:
             self.note(job, "waiting", f"runs after {', '.join(waits)} completes")
         self.emit(Reply(self._stimulus, spec.id))
-        self.fragment_soon()
+        self.fragment_soon(job)
 
     def seed_run_time(self, spec: JobSpec) -> None:
         """A job without the runtime gets no profiling run: the run-time profile for every GPU type

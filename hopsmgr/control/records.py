@@ -112,6 +112,7 @@ class ControlState:
     total_gpus: int = 0
     gpu_types: frozenset[str] = frozenset()
     type_share: dict[str, float] = field(default_factory=dict)
+    type_gpus: dict[str, int] = field(default_factory=dict)  # configured GPUs per type
     counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
     usage: dict[str, TenantUsage] = field(default_factory=dict)  # fair share: decayed use per tenant
 
@@ -140,6 +141,7 @@ class ControlState:
         for n in self.nodes.values():
             t = n.server.gpu_type
             self.type_share[t] = self.type_share.get(t, 0.0) + n.server.gpus / max(1, self.total_gpus)
+            self.type_gpus[t] = self.type_gpus.get(t, 0) + n.server.gpus
 
     def add_attempt(self, attempt: Attempt) -> None:
         self.attempts[attempt.id] = attempt

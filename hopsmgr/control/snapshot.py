@@ -107,10 +107,30 @@ def build_snapshot(
     for config in pinned.values():
         for sid, g in config.parts:
             capacity[sid] = max(0, capacity.get(sid, 0) - g)
+    planned = (JobState.QUEUED, *PLACED)
     for job in state.jobs.values():
-        if job.profiling or job.state not in (JobState.QUEUED, *PLACED) or job.id in pinned:
+        if job.profiling or job.state not in planned:
             continue
-        if job.state == JobState.QUEUED and state.waits_for(job):  # --after: its dependencies run
+        if job.attempt is None and job.moving_to is None:
+            # the common case at scale, a job waiting with no attempt: its view without the lookups
+            if job.state == JobState.QUEUED and job.spec.after and state.waits_for(job):  # --after
+                continue
+            views.append(
+                JobView(
+                    job.spec,
+                    job.done_samples,
+                    max(0.0, now - job.submitted - job.running_s),
+                    job.attained_gpu_s,
+                    job.running_s,
+                    None,
+                    0.0,
+                    job.restarts,
+                )
+            )
+            continue
+        if job.spec.id in pinned:
+            continue
+        if job.state == JobState.QUEUED and job.spec.after and state.waits_for(job):
             continue
         if job.attempt is not None and state.attempts[job.attempt].stopping:
             continue

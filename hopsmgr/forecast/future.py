@@ -75,20 +75,44 @@ class FutureOptions:
     keep_bonus: float = 0.0  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
 
 
-def _template(job: Job, profiled: Sequence[Job]) -> Job | None:
+class _Templates:
     """Whose profile a job not profiled yet borrows: the latest profiled job of the same model, else of
-    the same user and name, else of the same user, else the latest of all."""
-    spec = job.spec
-    for alike in (
-        lambda p: bool(spec.model) and p.spec.model == spec.model,
-        lambda p: bool(spec.name) and (p.spec.user, p.spec.name) == (spec.user, spec.name),
-        lambda p: p.spec.user == spec.user,
-        lambda p: True,
-    ):
-        pool = [p for p in profiled if alike(p)]
-        if pool:
-            return max(pool, key=lambda p: (p.submitted, p.id))
-    return None
+    the same user and name, else of the same user, else the latest of all (indexed once: a queue of
+    thousands of unprofiled jobs would otherwise scan every profiled job for each)."""
+
+    def __init__(self, profiled: Sequence[Job]) -> None:
+        self.by_model: dict[str, Job] = {}
+        self.by_name: dict[tuple[str, str], Job] = {}
+        self.by_user: dict[str, Job] = {}
+        self.latest: Job | None = None
+        for p in profiled:
+            spec = p.spec
+            if spec.model:
+                self._keep(self.by_model, spec.model, p)
+            if spec.name:
+                self._keep(self.by_name, (spec.user, spec.name), p)
+            self._keep(self.by_user, spec.user, p)
+            if self.latest is None or _later(p, self.latest):
+                self.latest = p
+
+    @staticmethod
+    def _keep(index: dict[Any, Job], key: Any, job: Job) -> None:
+        found = index.get(key)
+        if found is None or _later(job, found):
+            index[key] = job
+
+    def of(self, job: Job) -> Job | None:
+        spec = job.spec
+        return (
+            (self.by_model.get(spec.model) if spec.model else None)
+            or (self.by_name.get((spec.user, spec.name)) if spec.name else None)
+            or self.by_user.get(spec.user)
+            or self.latest
+        )
+
+
+def _later(a: Job, b: Job) -> bool:
+    return (a.submitted, a.id) > (b.submitted, b.id)
 
 
 class Future(Simulation):
@@ -97,10 +121,11 @@ class Future(Simulation):
         jobs = copy.deepcopy(list(live.jobs))
         types = {s.gpu_type for s in live.servers}
         profiled = [j for j in jobs if estimator.profiled_types(j.id)]
+        templates_of = _Templates(profiled)
         self.forecastable: set[str] = set()
         for job in jobs:
             if not estimator.profiled_types(job.id):
-                template = _template(job, profiled)
+                template = templates_of.of(job)
                 if template is None:
                     continue  # nothing to go by: no forecast for it
                 for gpu_type in sorted(types & estimator.profiled_types(template.id)):

@@ -94,3 +94,28 @@ def test_a_future_asked_about_one_job_stops_once_it_ended() -> None:
     assert "j2" in everything.finished and "j2" not in only.finished
     one = forecast_job(live, "j1", time.perf_counter, EXACT)
     assert one is not None and one.finish_p50 == everything.finished["j1"]
+
+
+def test_the_profile_borrowed_is_of_the_latest_job_of_the_same_model_then_name_then_user() -> None:
+    from hopsmgr.control.records import Job
+    from hopsmgr.core.lifecycle import JobState
+    from hopsmgr.forecast.future import _Templates
+
+    base = live_state().jobs[0].spec
+
+    def job(job_id: str, at: float, **spec: Any) -> Job:
+        return Job(replace(base, id=job_id, **spec), JobState.QUEUED, at, at)
+
+    profiled = [
+        job("m-old", 1, model="resnet", name="a", user="ana"),
+        job("m-new", 2, model="resnet", name="b", user="bo"),
+        job("name", 3, model="bert", name="sweep", user="ana"),
+        job("user", 4, model="gpt", name="other", user="ana"),
+        job("latest", 5, model="vit", name="x", user="cy"),
+    ]
+    of = _Templates(profiled).of
+    assert of(job("q1", 9, model="resnet", name="sweep", user="ana")).id == "m-new"  # the model first
+    assert of(job("q2", 9, model="", name="sweep", user="ana")).id == "name"  # then user and name
+    assert of(job("q3", 9, model="lstm", name="new", user="ana")).id == "user"  # then the user's latest
+    assert of(job("q4", 9, model="lstm", name="new", user="dee")).id == "latest"  # then anyone's latest
+    assert _Templates([]).of(job("q5", 9)) is None

@@ -61,7 +61,13 @@ class AcceptingExecutor:
         return None
 
     async def checkpoint(
-        self, target: NodeTarget, attempt: str, epoch: int, wait_s: float, grace_s: float
+        self,
+        target: NodeTarget,
+        attempt: str,
+        epoch: int,
+        wait_s: float,
+        grace_s: float,
+        signal_name: str = "SIGUSR1",
     ) -> ExitInfo | None:
         return ExitInfo(code=75, checkpointed=True)
 

@@ -42,7 +42,7 @@ class _ErrorLog:
                 log.errors[spans_types(config, sim.by_id)].append((predicted - true) / true)
             log._orig(sim, job, config, parts, seen)
 
-        Simulation._sample_error = sample  # type: ignore[method-assign]
+        Simulation._sample_error = sample  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:

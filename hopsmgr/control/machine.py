@@ -75,6 +75,9 @@ class ControlSettings:
     heartbeat_interval_s: float = 5.0
 
 
+IDLE_RECHECK_S = 1.0
+
+
 class SchedulerMachine:
     def __init__(
         self,
@@ -96,6 +99,9 @@ class SchedulerMachine:
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
         self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
+        # when a submission last found no idle GPU: submissions within IDLE_RECHECK_S look again only
+        # if a GPU was freed since (every path that frees GPUs asks for a fragment plan afresh)
+        self._no_idle_at: float | None = None
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self._records: list[Record] = []
         self._out: list[Command] = []
@@ -222,14 +228,25 @@ class SchedulerMachine:
 
     def fragment_soon(self, first: Job | None = None) -> None:
         """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs
-        (once: until the plan asked for is made, more asking changes nothing); `first`: the job to
-        look at before the others (the one that just arrived)."""
-        if self.settings.fragment_plans and not self.plan_soon and self._fits_idle(first):
+        (once: until the plan asked for is made, more asking changes nothing); `first`: the job that
+        just arrived (looked at before the others; the cluster found full by a submission less than
+        IDLE_RECHECK_S ago is taken as still full: a burst of submissions would otherwise count the
+        idle GPUs over every attempt and node for each)."""
+        if not self.settings.fragment_plans or self.plan_soon:
+            return
+        if (
+            first is not None
+            and self._no_idle_at is not None
+            and self._now - self._no_idle_at < IDLE_RECHECK_S
+        ):
+            return
+        if self._fits_idle(first):
             self.plan_soon = True
             self.emit(PlanSoon(self._stimulus, "fragment"))
 
     def _fits_idle(self, first: Job | None = None) -> bool:
         idle = views.idle_gpus(self.state, self._now, self.settings.exec_error_backoff_s)
+        self._no_idle_at = self._now if idle <= 0 else None
         if idle <= 0:
             return False
 

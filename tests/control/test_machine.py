@@ -265,3 +265,21 @@ def test_a_plan_that_takes_a_launching_jobs_gpus_stops_it_without_a_checkpoint()
     h.feed(AttemptEnded(h.stimulus(), launch.attempt_id, "exited", -15))
     assert job.state == JobState.QUEUED and job.migrations == 1 and not job.has_checkpoint
     h.close()
+
+
+def test_submissions_to_a_full_cluster_ask_for_no_plan_until_a_gpu_is_freed() -> None:
+    h = Harness(servers=SERVERS[:1])
+    (first,) = profiled(h, "big", (4,), samples=1e9)
+    h.feed(AttemptStarted(h.stimulus(), first.attempt_id))
+    h.now += 10.0
+    # the one server is full: the waiting job fits nowhere, and one submission after another within
+    # IDLE_RECHECK_S is taken as finding it still full
+    for k in range(3):
+        out = h.feed(JobSubmitted(h.stimulus(), spec(f"w{k}", at=h.now)))
+        assert not h.of(PlanSoon, out)
+        h.now += 0.1
+    # the GPUs are freed: the next submission, within the same second, asks for a fragment plan
+    out = h.feed(AttemptEnded(h.stimulus(), first.attempt_id, "exited", 0))
+    out += h.feed(JobSubmitted(h.stimulus(), spec("w3", at=h.now)))
+    assert len(h.of(PlanSoon, out)) == 1
+    h.close()

@@ -8,7 +8,7 @@ which are usable, which device indices are free.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
@@ -65,6 +65,10 @@ class Job:
         }
 
 
+# The attempt fields that decide its claim on GPUs (ControlState.held keeps per-node counts of them).
+_CLAIM_FIELDS = frozenset({"placement", "launched", "stopping"})
+
+
 @dataclass(slots=True)
 class Attempt:
     id: str
@@ -84,10 +88,28 @@ class Attempt:
     unseen_beats: int = 0  # heartbeats of its primary node that did not list it
     last_observed: float = -math.inf
     charged_until: float = -math.inf  # its tenant was charged for its GPUs up to here (fair share)
+    _owner: ControlState | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def primary(self) -> ServerId:
         return self.placement.parts[0][0]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # an open attempt's claim change is counted by the state that holds it (ControlState.held)
+        owner = getattr(self, "_owner", None) if name in _CLAIM_FIELDS else None
+        if owner is not None:
+            owner._count_claim(self, -1)
+        object.__setattr__(self, name, value)
+        if owner is not None:
+            owner._count_claim(self, +1)
+
+    def __getstate__(self) -> list[object]:
+        """Copies and pickles leave the holding state behind (a copy is not open in that state)."""
+        return [None if f.name == "_owner" else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list[object]) -> None:
+        for f, value in zip(fields(self), state, strict=True):
+            object.__setattr__(self, f.name, value)
 
 
 @dataclass(slots=True)
@@ -115,6 +137,10 @@ class ControlState:
     type_gpus: dict[str, int] = field(default_factory=dict)  # configured GPUs per type
     counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
     usage: dict[str, TenantUsage] = field(default_factory=dict)  # fair share: decayed use per tenant
+    # GPUs per node that launched open attempts hold now, and that open attempts will hold once their
+    # stops end (ControlState.held), kept as attempts open, change and end
+    claimed_now: dict[ServerId, int] = field(default_factory=dict, repr=False, compare=False)
+    claimed_after: dict[ServerId, int] = field(default_factory=dict, repr=False, compare=False)
 
     def add_job(self, job: Job) -> None:
         self.jobs[job.id] = job
@@ -145,6 +171,8 @@ class ControlState:
 
     def add_attempt(self, attempt: Attempt) -> None:
         self.attempts[attempt.id] = attempt
+        object.__setattr__(attempt, "_owner", self)
+        self._count_claim(attempt, +1)
         for sid in attempt.placement.servers:
             self.on_node.setdefault(sid, set()).add(attempt.id)
 
@@ -164,6 +192,8 @@ class ControlState:
     def remove_attempt(self, attempt_id: str) -> Attempt | None:
         attempt = self.attempts.pop(attempt_id, None)
         if attempt is not None:
+            self._count_claim(attempt, -1)
+            object.__setattr__(attempt, "_owner", None)
             for sid, devices in attempt.devices.items():
                 self.devices_used.get(sid, set()).difference_update(devices)
             for sid in attempt.placement.servers:
@@ -183,7 +213,16 @@ class ControlState:
     def held(self) -> dict[ServerId, int]:
         """GPUs claimed per node by open attempts: launched ones (running, profiling, stopping) and
         those waiting to launch. A waiting attempt takes over GPUs its stops free, so a node's claim
-        is the larger of what launched attempts hold now and what will be held once stops end."""
+        is the larger of what launched attempts hold now and what will be held once stops end.
+        From counts kept as attempts change (`held_recount` counts afresh; tests compare the two)."""
+        now, after = self.claimed_now, self.claimed_after
+        held = {sid: max(g, after.get(sid, 0)) for sid, g in now.items() if g}
+        for sid, g in after.items():
+            if g and sid not in held:
+                held[sid] = g
+        return held
+
+    def held_recount(self) -> dict[ServerId, int]:
         now: dict[ServerId, int] = {}
         after: dict[ServerId, int] = {}
         for a in self.attempts.values():
@@ -193,6 +232,14 @@ class ControlState:
                 if not (a.launched and a.stopping):
                     after[sid] = after.get(sid, 0) + g
         return {sid: max(now.get(sid, 0), after.get(sid, 0)) for sid in now.keys() | after.keys()}
+
+    def _count_claim(self, attempt: Attempt, sign: int) -> None:
+        launched, after_too = attempt.launched, not (attempt.launched and attempt.stopping)
+        for sid, g in attempt.placement.parts:
+            if launched:
+                self.claimed_now[sid] = self.claimed_now.get(sid, 0) + sign * g
+            if after_too:
+                self.claimed_after[sid] = self.claimed_after.get(sid, 0) + sign * g
 
     def occupied(self) -> dict[ServerId, int]:
         """GPUs in use per node right now: launched attempts only."""

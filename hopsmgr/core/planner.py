@@ -205,11 +205,15 @@ def profiling_runs(
 
 
 def queue_order(
-    snapshot: ClusterSnapshot, estimator: Estimator, settings: SchedulerSettings
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    settings: SchedulerSettings,
+    per_sample: dict[JobId, float] | None = None,
 ) -> tuple[dict[JobId, float], frozenset[JobId], list[JobView]]:
     """The queue as plans take it: each job's priority value (with the tenants' fair-share factors),
-    the jobs owed GPUs under their tenant's guarantee, and the jobs in order (those owed first)."""
-    ctx = priority_context(snapshot, estimator)
+    the jobs owed GPUs under their tenant's guarantee, and the jobs in order (those owed first).
+    `per_sample`: PriorityContext.per_sample, for a caller whose rates do not change between plans."""
+    ctx = replace(priority_context(snapshot, estimator), per_sample=per_sample)
     if settings.fairshare and snapshot.tenant_usage:
         share = fairshare.factors(
             snapshot.tenant_usage,

@@ -40,6 +40,9 @@ class PriorityContext:
     total_gpus: int
     active_jobs: int = 1
     tenant_weight: Mapping[str, float] = field(default_factory=dict)
+    # seconds per sample by job id, kept by a caller whose rates and type mix stay as they are across
+    # contexts (a forecast's future: its estimator learns nothing); None: computed each time
+    per_sample: dict[str, float] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.now):
@@ -62,6 +65,18 @@ def _seconds_per_sample(job: JobSpec, ctx: PriorityContext) -> float:
     Types with no known (finite, positive) rate are left out and P is renormalised over the rest;
     math.inf when no type has a known rate.
     """
+    memo = ctx.per_sample
+    if memo is not None:
+        found = memo.get(job.id)
+        if found is not None:
+            return found
+    value = _per_sample(job, ctx)
+    if memo is not None and math.isfinite(value):  # an unknown rate may become known: asked again
+        memo[job.id] = value
+    return value
+
+
+def _per_sample(job: JobSpec, ctx: PriorityContext) -> float:
     known_share = 0.0
     weighted = 0.0
     for gpu_type, share in ctx.type_share.items():

@@ -72,6 +72,9 @@ class FutureOptions:
         60.0  # and never more often than this: a 2-s round (tests, demos) costs much, tells little
     )
     fragment_gap_s: float = 60.0  # fragment plans at most this often (fewer plans; starts up to this late)
+    # rounds and fragment plans at least this fraction of the future's elapsed time apart: a start
+    # forecast t ahead may come up to ~5% of t late, far inside its P10-P90 (SimOptions.round_growth)
+    round_growth: float = 0.05
     keep_bonus: float = 0.0  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
 
 
@@ -149,10 +152,11 @@ class Future(Simulation):
             max_sim_s=options.horizon_s,
             seed=seed,
             fragment_gap_s=options.fragment_gap_s,
+            round_growth=options.round_growth,
         )
         round_s = max(live.round_s * options.round_every, options.min_round_s)
         scheduler = replace(live.scheduler, round_seconds=round_s)
-        policy = ForecastPolicy(scheduler, keep_bonus=options.keep_bonus)
+        policy = ForecastPolicy(scheduler, keep_bonus=options.keep_bonus, fixed_rates=True)
         super().__init__(
             world,
             live.servers,

@@ -57,10 +57,15 @@ class ForecastPolicy:
     description = "Hops queue and window, greedy placement at the smallest count"
     fragment_plans = True
 
-    def __init__(self, settings: SchedulerSettings, keep_bonus: float = 0.0) -> None:
+    def __init__(
+        self, settings: SchedulerSettings, keep_bonus: float = 0.0, fixed_rates: bool = False
+    ) -> None:
         self.settings = settings
         self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
+        # fixed_rates (a future: its estimator learns nothing and its servers stay): each job's seconds
+        # per sample are computed once for all its plans
+        self.per_sample: dict[str, float] | None = {} if fixed_rates else None
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
         t0 = timer()
@@ -68,7 +73,7 @@ class ForecastPolicy:
         by_type = servers_by_type(snapshot, capacity)
         free = dict(capacity)
         total = sum(capacity.values())
-        values, owed, ordered = queue_order(snapshot, estimator, self.settings)
+        values, owed, ordered = queue_order(snapshot, estimator, self.settings, self.per_sample)
         placeable = [v for v in ordered if _profiled(v.spec, by_type, estimator)]
         assignments: dict[str, Config] = {}
         keep_only: set[str] = set()  # running jobs behind the window: what they hold, or nothing

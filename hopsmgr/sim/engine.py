@@ -78,6 +78,10 @@ class SimOptions:
     seed: int = 0
     # > 0: fragment plans at most this often (the forecasts' futures: fewer plans; the master plans at once)
     fragment_gap_s: float = 0.0
+    # > 0: rounds and fragment plans also at least this fraction of the simulated time since the run
+    # started apart (the forecasts' futures: a start a day ahead needs no finer clock than its own
+    # uncertainty, so a future of days makes ~100 rounds, not ~1,000)
+    round_growth: float = 0.0
 
 
 def job_key(job_id: str) -> int:
@@ -315,6 +319,7 @@ class Simulation:
             self.next_round, arrived = self._resume
             arrivals = deque(j for j in self.order if j.spec.id not in arrived)
         round_s = self.policy.round_seconds
+        growth, started = self.options.round_growth, self.now
         last_arrival = self.order[-1].w.arrival_s
         while self._ended() < len(self.order):
             if until is not None and until():
@@ -344,14 +349,14 @@ class Simulation:
             while arrivals and arrivals[0].w.arrival_s <= t + _EPS:
                 self._arrive(arrivals.popleft())
             if t >= self.next_round - _EPS:
-                self.next_round = t + round_s
+                self.next_round = t + max(round_s, growth * (t - started))
                 self._round()
                 if not arrivals:
                     self._cancel_stranded()
                 if progress is not None:
                     progress(self._ended() / len(self.order))
             elif self._fragment_wanted:
-                gap = self.options.fragment_gap_s
+                gap = max(self.options.fragment_gap_s, growth * (t - started))
                 if gap <= 0 or t >= self._last_fragment + gap - _EPS:
                     self._fragment_wanted = False
                     self._last_fragment = t

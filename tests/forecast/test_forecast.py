@@ -192,3 +192,37 @@ def test_futures_hold_fragment_plans_to_their_gap() -> None:
     eager, held = fragments(0.0), fragments(120.0)
     assert len(held) < len(eager)
     assert all(b - a >= 120.0 - 1e-6 for a, b in itertools.pairwise(held))
+
+
+def test_futures_space_their_rounds_out_as_they_go_on() -> None:
+    world = paper_world(seed=1)
+    model = world.models()[0].name
+    long = [
+        WorkloadJob(f"l{i}", 10.0 * i, model, RequirementSet.of([2]), 64 * 400_000, 64, "t") for i in range(6)
+    ]
+
+    def rounds(growth: float) -> tuple[list[float], Simulation]:
+        sim = Simulation(
+            world,
+            CLUSTER.servers,
+            long,
+            ForecastPolicy(CLUSTER.scheduler),
+            SimOptions(profiling=False, seed=1, round_growth=growth),
+            time.perf_counter,
+            tenants=CLUSTER.tenant_map(),
+        )
+        sim.advance()
+        return sorted({t for kind, t in sim.plans if kind == "first"}), sim
+
+    fixed, plain = rounds(0.0)
+    grown, spaced = rounds(0.2)
+    round_s = CLUSTER.scheduler.round_seconds
+    assert all(b - a >= round_s - 1e-6 for a, b in itertools.pairwise(fixed))
+    assert len(grown) < len(fixed) / 3
+    start = grown[0]
+    assert all(b - a >= max(round_s, 0.2 * (a - start)) - 1e-6 for a, b in itertools.pairwise(grown))
+    # every job still ran; each started at most a round gap (20% of the elapsed time) later
+    for w in long:
+        first, later = plain.jobs[w.job_id].first_start, spaced.jobs[w.job_id].first_start
+        assert first is not None and later is not None
+        assert first - 1e-6 <= later <= first + max(round_s, 0.2 * (later - start)) + 1e-6

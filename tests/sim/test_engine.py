@@ -130,6 +130,10 @@ class CheckedSimulation(Simulation):
         super().feed(event)
         state = self.machine.state
         used: Counter[str] = Counter(state.occupied())
+        if state.held() != state.held_recount():
+            self.violations.append(
+                f"t={self.now}: claims kept {state.held()}, counted {state.held_recount()}"
+            )
         for sid, n in state.held().items():
             if n > self.by_id[sid].gpus:
                 self.violations.append(f"t={self.now}: {sid} claimed {n} GPUs")

@@ -105,7 +105,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             budget_s=args.budget_s,
             min_futures=args.min_futures,
             max_futures=args.max_futures,
-            future=FutureOptions(sigma=args.sigma),
+            future=FutureOptions(sigma=args.sigma, round_growth=args.round_growth),
         ),
     )
     sim.run()
@@ -175,7 +175,10 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
     times: list[float] = []
     futures = 0
     settings = ForecastSettings(
-        budget_s=args.budget_s, min_futures=args.min_futures, max_futures=args.max_futures
+        budget_s=args.budget_s,
+        min_futures=args.min_futures,
+        max_futures=args.max_futures,
+        future=FutureOptions(round_growth=args.round_growth),
     )
     for _ in range(args.scale_repeats):
         t0 = time.perf_counter()
@@ -203,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-futures", type=int, default=3)
     p.add_argument("--max-futures", type=int, default=10)
     p.add_argument("--sigma", type=float, default=0.15)
+    p.add_argument(
+        "--round-growth",
+        type=float,
+        default=FutureOptions().round_growth,
+        help="futures' rounds at least this fraction of their elapsed time apart (FutureOptions)",
+    )
     p.add_argument("--profiling", action="store_true")
     p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=True)

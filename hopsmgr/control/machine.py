@@ -99,8 +99,8 @@ class SchedulerMachine:
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
         self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
-        # when a submission last found no idle GPU: submissions within IDLE_RECHECK_S look again only
-        # if a GPU was freed since (every path that frees GPUs asks for a fragment plan afresh)
+        # when a submission last found no idle GPU: the submissions right after it (no other event in
+        # between, within IDLE_RECHECK_S) take the cluster as still full
         self._no_idle_at: float | None = None
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self._records: list[Record] = []
@@ -133,6 +133,8 @@ class SchedulerMachine:
         self._stimulus, self._now = event.stimulus_id, now
         if not isinstance(event, (AttemptProgressed, HealthTick, RoundTick, PlanReady, NodeReported)):
             self.changed = True
+        if not isinstance(event, JobSubmitted):
+            self._no_idle_at = None  # only consecutive submissions share a count of idle GPUs
         self._handlers[type(event)](event)
         out = self._out
         if self._records:
@@ -229,16 +231,13 @@ class SchedulerMachine:
     def fragment_soon(self, first: Job | None = None) -> None:
         """Ask for a fragment plan if the policy makes them and some waiting work fits the idle GPUs
         (once: until the plan asked for is made, more asking changes nothing); `first`: the job that
-        just arrived (looked at before the others; the cluster found full by a submission less than
-        IDLE_RECHECK_S ago is taken as still full: a burst of submissions would otherwise count the
-        idle GPUs over every attempt and node for each)."""
+        just arrived (looked at before the others; a cluster found full by the submission just before,
+        less than IDLE_RECHECK_S ago with no other event since, is taken as still full: a burst of
+        submissions would otherwise count the idle GPUs over every node for each)."""
         if not self.settings.fragment_plans or self.plan_soon:
             return
-        if (
-            first is not None
-            and self._no_idle_at is not None
-            and self._now - self._no_idle_at < IDLE_RECHECK_S
-        ):
+        full_at = self._no_idle_at
+        if first is not None and full_at is not None and 0.0 <= self._now - full_at < IDLE_RECHECK_S:
             return
         if self._fits_idle(first):
             self.plan_soon = True

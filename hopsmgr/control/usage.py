@@ -40,13 +40,13 @@ def charge_attempt(
 
 
 def reference_type(m: SchedulerMachine) -> GpuType:
-    """hopsmgr.core.fairshare.reference_type of the machine's nodes, from the GPU-type shares the state
+    """hopsmgr.core.fairshare.reference_type of the machine's nodes, from the GPUs per type the state
     keeps (not a pass over every node)."""
     configured = m.settings.scheduler.fairshare_reference
-    shares = m.state.type_share
-    if configured or not shares:
+    totals = m.state.type_gpus
+    if configured or not totals:
         return configured
-    return min(shares, key=lambda t: (-shares[t], t))
+    return min(totals, key=lambda t: (-totals[t], t))
 
 
 def charge_all(m: SchedulerMachine, now: float) -> None:

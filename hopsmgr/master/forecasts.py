@@ -144,5 +144,5 @@ class Forecaster:
 
     def close(self) -> None:
         """Stop the workers; a forecast under way in a daemon thread runs on, unused."""
-        self.worker.stop()
-        self.what_if_worker.stop()
+        self.worker.close()
+        self.what_if_worker.close()

@@ -61,6 +61,8 @@ class WorkerProcess:
         self.lock = asyncio.Lock()
         self.replaced = 0
         self.pickle_ms: list[float] = []  # time the loop spent pickling each call's arguments
+        self.waiting: asyncio.Future[None] | None = None  # the answer a call waits for
+        self.closed = False
 
     def _start(self) -> None:
         parent, child = self.context.Pipe()
@@ -72,13 +74,22 @@ class WorkerProcess:
         self.conn = parent
 
     def stop(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
+        """Kill the worker and close the pipe (only when no thread is reading or writing it: see
+        `_stop_after`). A call waiting for an answer is told at once."""
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.set_exception(WorkerError(f"{self.name} was stopped"))
         if self.process is not None:
             self.process.kill()
             self.process.join(timeout=5)
             self.process = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def close(self) -> None:
+        """Stop for good (the master stops): later calls raise WorkerError, no new worker starts."""
+        self.closed = True
+        self.stop()
 
     async def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float) -> Any:
         """`fn(*args)` in the worker (fn importable by name); its value, within `timeout_s`."""
@@ -87,7 +98,21 @@ class WorkerProcess:
         self.pickle_ms.append((time.perf_counter() - t0) * 1000)
         del self.pickle_ms[:-100]
         async with self.lock:
+            if self.closed:
+                raise WorkerError(f"{self.name} is closed")
             return await self._call(payload, timeout_s)
+
+    async def _stop_after(self, io: asyncio.Future[Any] | None) -> None:
+        """Stop with a thread maybe still in the pipe: kill the worker first (the thread's read or write
+        then ends), wait for the thread, and only then close the pipe, so that the thread never
+        touches a file number the system has given to something else meanwhile."""
+        self.waiting = None  # the caller is told by what it raises
+        if self.process is not None:
+            self.process.kill()
+        if io is not None:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(io), timeout=10)
+        self.stop()
 
     async def _call(self, payload: bytes, timeout_s: float) -> Any:
         if self.conn is None or self.process is None or not self.process.is_alive():
@@ -95,34 +120,44 @@ class WorkerProcess:
             self._start()
         assert self.conn is not None
         conn = self.conn
+        fd = conn.fileno()
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + timeout_s
         answered: asyncio.Future[None] = loop.create_future()
+        self.waiting = answered
+        io: asyncio.Future[Any] | None = None
 
         def readable() -> None:
             if not answered.done():
                 answered.set_result(None)
 
         try:
-            await loop.run_in_executor(None, conn.send_bytes, payload)
-            loop.add_reader(conn.fileno(), readable)
+            io = loop.run_in_executor(None, conn.send_bytes, payload)
+            await io
+            io = None
+            loop.add_reader(fd, readable)
             try:
                 await asyncio.wait_for(answered, timeout=max(0.0, deadline - time.monotonic()))
             finally:
-                loop.remove_reader(conn.fileno())
-            data = await loop.run_in_executor(None, conn.recv_bytes)
+                loop.remove_reader(fd)
+            io = loop.run_in_executor(None, conn.recv_bytes)
+            data = await io
+            io = None
         except asyncio.TimeoutError:
             self.replaced += 1
-            self.stop()
+            await self._stop_after(io)
             raise WorkerTimeout(
                 f"{self.name} did not answer within {timeout_s:.0f} s: it was replaced"
             ) from None
         except (EOFError, OSError) as exc:
-            self.stop()
+            await self._stop_after(io)
             raise WorkerError(f"{self.name} died: {exc!r}") from exc
         except asyncio.CancelledError:
-            self.stop()  # an answer may still come: this worker's pipe cannot be reused in order
+            # an answer may still come: this worker's pipe cannot be reused in order
+            await self._stop_after(io)
             raise
+        finally:
+            self.waiting = None
         status, value = pickle.loads(data)
         if status != "ok":
             raise WorkerError(value)

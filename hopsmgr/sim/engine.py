@@ -356,7 +356,9 @@ class Simulation:
                 if progress is not None:
                     progress(self._ended() / len(self.order))
             elif self._fragment_wanted:
-                gap = max(self.options.fragment_gap_s, growth * (t - started))
+                # the gap as of the last fragment plan, so that the wake set for its end stays due
+                since = self._last_fragment - started if math.isfinite(self._last_fragment) else 0.0
+                gap = max(self.options.fragment_gap_s, growth * since)
                 if gap <= 0 or t >= self._last_fragment + gap - _EPS:
                     self._fragment_wanted = False
                     self._last_fragment = t

@@ -50,3 +50,44 @@ def test_the_arguments_are_copied_when_the_call_is_made() -> None:
             worker.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_worker_closed_while_a_call_waits_answers_it_at_once_and_takes_no_more() -> None:
+    async def scenario() -> None:
+        worker = WorkerProcess("test-worker")
+        call = asyncio.ensure_future(worker.call(time.sleep, 30, timeout_s=60))
+        try:
+            while worker.waiting is None:  # the call has sent its request and waits for the answer
+                await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            worker.close()
+            with pytest.raises(WorkerError, match="stopped"):
+                await call
+            assert time.monotonic() - t0 < 5 and worker.process is None
+            with pytest.raises(WorkerError, match="closed"):
+                await worker.call(math.sqrt, 4.0, timeout_s=30)
+            assert worker.process is None  # no new worker was started
+        finally:
+            worker.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_call_stops_its_worker_and_the_next_call_gets_a_fresh_one() -> None:
+    async def scenario() -> None:
+        worker = WorkerProcess("test-worker")
+        try:
+            call = asyncio.ensure_future(worker.call(time.sleep, 30, timeout_s=60))
+            while worker.waiting is None:
+                await asyncio.sleep(0.01)
+            first = worker.process.pid
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert worker.process is None
+            assert await worker.call(math.sqrt, 25.0, timeout_s=30) == 5.0
+            assert worker.process.pid != first
+        finally:
+            worker.stop()
+
+    asyncio.run(scenario())

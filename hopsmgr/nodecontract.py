@@ -44,11 +44,16 @@ FIRST_RANK: Final = (
 # set by the master at submit, kept in the job's environment
 ARRAY_INDEX: Final = "HOPS_ARRAY_INDEX"  # the job's index in its array (`hopsmgr submit --array`)
 
-# besides HOPS_*, the wrapper sets the devices an attempt sees
+# besides HOPS_*, the wrapper sets the devices an attempt sees, counted as NVML counts them (PCI bus
+# order: CUDA's default order puts the fastest GPU first, so on a mixed server index 1 could be another GPU)
 VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-RESERVED_ENV: Final = f"^(?:{ENV_PREFIX}|{VISIBLE_DEVICES}$)"  # a regex over user variable names
+DEVICE_ORDER: Final = "CUDA_DEVICE_ORDER"
+DEVICE_ORDER_VALUE: Final = "PCI_BUS_ID"
+RESERVED_ENV: Final = (
+    f"^(?:{ENV_PREFIX}|{VISIBLE_DEVICES}$|{DEVICE_ORDER}$)"  # a regex over user variable names
+)
 
 
 def is_reserved(name: str) -> bool:
     """True for an environment variable hopsmgr sets itself (a user may not give it)."""
-    return name.startswith(ENV_PREFIX) or name == VISIBLE_DEVICES
+    return name.startswith(ENV_PREFIX) or name in (VISIBLE_DEVICES, DEVICE_ORDER)

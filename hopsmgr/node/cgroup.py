@@ -1,11 +1,22 @@
-"""Each isolated attempt's cgroup (v2): `<cgroup2 mount>/hopsmgr/<attempt>-<workdir hash>`.
+"""Each isolated attempt's cgroups: `<hierarchy>/hopsmgr/<attempt>-<workdir hash>`.
 
-The privileged step (hopsmgr.node.runas) creates it, sets the submission's limits (memory.max,
-cpu.max) when the hierarchy offers those controllers, and moves itself in before it becomes the job,
-so every process the job starts is in it: a stop signals every member and a kill is `cgroup.kill`
-(or SIGKILL to each member on kernels without it), which reaches children that left the job's
-process group. Not systemd transient units: the cgroup is made directly, which works with or
-without systemd where the cgroup2 mount is writable by root (docs/security.md).
+The privileged step (hopsmgr.node.runas) creates them, sets the submission's limits and the GPU
+device rules, and moves itself in before it becomes the job, so every process the job starts is in
+them: a stop signals every member and a kill is `cgroup.kill` (or SIGKILL to each member on kernels
+without it), which reaches children that left the job's process group.
+
+Each controller is taken from the cgroup v2 (unified) hierarchy where it offers it, else from its
+own v1 hierarchy (hybrid hosts, as many Debian/Ubuntu LTS servers and containers still run):
+
+| need | cgroup v2 | cgroup v1 |
+|---|---|---|
+| membership, stop, kill | the unified directory | the v1 directories (every member of each) |
+| `--mem` | memory.max, memory.swap.max = 0 | memory.limit_in_bytes, memory.memsw.limit_in_bytes |
+| `--cpus` | cpu.max | cpu.cfs_quota_us / cpu.cfs_period_us |
+| GPUs not granted | not enforced (needs an eBPF device program) | devices.deny `c 195:<minor> rwm` |
+
+Not systemd transient units: the cgroups are made directly, which works with or without systemd
+where the hierarchies are writable by root (docs/security.md).
 """
 
 from __future__ import annotations
@@ -15,39 +26,98 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PARENT = "hopsmgr"
 MOUNTS = Path("/proc/self/mounts")
+V1_CONTROLLERS = ("memory", "cpu", "devices")
 
 
 class CgroupError(RuntimeError):
     """The attempt's cgroup cannot be made as asked (the message says what the node lacks)."""
 
 
+@dataclass(frozen=True)
+class Hierarchies:
+    """Where the node's cgroup hierarchies are mounted."""
+
+    unified: Path | None = None
+    v1: dict[str, Path] = field(default_factory=dict)  # controller -> its v1 mount
+
+    def offered_by_unified(self) -> set[str]:
+        return _controllers(self.unified) if self.unified is not None else set()
+
+    def home(self, controller: str) -> str | None:
+        """ "v2", "v1" or None: where `controller` can be used on this node."""
+        if controller in self.offered_by_unified():
+            return "v2"
+        return "v1" if controller in self.v1 else None
+
+
+def hierarchies(mounts_text: str | None = None) -> Hierarchies:
+    """The hierarchies listed in /proc/self/mounts (or in `mounts_text`)."""
+    if mounts_text is None:
+        try:
+            mounts_text = MOUNTS.read_text()
+        except OSError:
+            return Hierarchies()
+    unified: list[Path] = []
+    v1: dict[str, Path] = {}
+    for parts in (line.split() for line in mounts_text.splitlines()):
+        if len(parts) < 4:
+            continue
+        if parts[2] == "cgroup2":
+            unified.append(Path(parts[1]))
+        elif parts[2] == "cgroup":
+            for option in parts[3].split(","):
+                if option in V1_CONTROLLERS:
+                    v1.setdefault(option, Path(parts[1]))
+    root = Path("/sys/fs/cgroup")
+    return Hierarchies(root if root in unified else (unified[0] if unified else None), v1)
+
+
 def cgroup2_root() -> Path | None:
     """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on hybrid hosts)."""
-    try:
-        lines = MOUNTS.read_text().splitlines()
-    except OSError:
+    return hierarchies().unified
+
+
+@dataclass(frozen=True)
+class AttemptCgroup:
+    """The cgroup directories of one attempt (made or not)."""
+
+    unified: Path | None
+    v1: dict[str, Path]  # controller -> directory, for the controllers the unified hierarchy lacks
+
+    def dirs(self) -> list[Path]:
+        return ([self.unified] if self.unified is not None else []) + sorted(set(self.v1.values()))
+
+    def exists(self) -> bool:
+        return any(d.exists() for d in self.dirs())
+
+    def members(self) -> list[int]:
+        if self.unified is not None and self.unified.exists():
+            return _procs(self.unified)
+        return sorted({pid for d in self.v1.values() for pid in _procs(d)})
+
+
+def attempt_cgroup(workdir: Path, attempt_id: str, where: Hierarchies | None = None) -> AttemptCgroup | None:
+    """The attempt's cgroup paths; None where the node has no hierarchy to make them in."""
+    where = where or hierarchies()
+    name = f"{attempt_id}-{hashlib.sha256(str(workdir).encode()).hexdigest()[:8]}"
+    offered = where.offered_by_unified()
+    v1 = {c: mount / PARENT / name for c, mount in where.v1.items() if c not in offered}
+    unified = where.unified / PARENT / name if where.unified is not None else None
+    if unified is None and not v1:
         return None
-    found = [
-        Path(parts[1])
-        for parts in (line.split() for line in lines)
-        if len(parts) > 2 and parts[2] == "cgroup2"
-    ]
-    for path in found:
-        if path == Path("/sys/fs/cgroup"):
-            return path
-    return found[0] if found else None
+    return AttemptCgroup(unified, v1)
 
 
 def attempt_path(workdir: Path, attempt_id: str) -> Path | None:
-    root = cgroup2_root()
-    if root is None:
-        return None
-    tag = hashlib.sha256(str(workdir).encode()).hexdigest()[:8]
-    return root / PARENT / f"{attempt_id}-{tag}"
+    """The attempt's unified (v2) directory, where the node has a v2 hierarchy."""
+    found = attempt_cgroup(workdir, attempt_id)
+    return found.unified if found is not None else None
 
 
 def _controllers(path: Path) -> set[str]:
@@ -57,79 +127,123 @@ def _controllers(path: Path) -> set[str]:
         return set()
 
 
-def check_controllers(root: Path, mem_mb: int | None, cpus: float | None) -> set[str]:
-    """The controllers the limits need; CgroupError when the hierarchy at `root` lacks one."""
-    needed = {name for name, value in (("memory", mem_mb), ("cpu", cpus)) if value is not None}
-    missing = needed - _controllers(root)
-    if missing:
-        raise CgroupError(
-            f"the cgroup v2 {' and '.join(sorted(missing))} controller is not available on this node "
-            f"({root} offers: {' '.join(sorted(_controllers(root))) or 'none'}): cannot enforce "
-            "--mem / --cpus here (a cgroup v1 or hybrid host); submit without them"
-        )
-    return needed
-
-
-def create(path: Path, mem_mb: int | None, cpus: float | None) -> None:
-    """Make the attempt's cgroup with its limits; CgroupError when a limit cannot be enforced here."""
-    root, parent = path.parent.parent, path.parent
-    needed = check_controllers(root, mem_mb, cpus)
-    try:
-        parent.mkdir(exist_ok=True)
-        for where in (root, parent):
-            for name in sorted(needed - set((where / "cgroup.subtree_control").read_text().split())):
-                (where / "cgroup.subtree_control").write_text(f"+{name}")
-        path.mkdir(exist_ok=True)
-        if mem_mb is not None:
-            (path / "memory.max").write_text(str(mem_mb * 1024 * 1024))
-            with contextlib.suppress(OSError):
-                (path / "memory.swap.max").write_text("0")
-        if cpus is not None:
-            (path / "cpu.max").write_text(f"{max(1000, round(cpus * 100_000))} 100000")
-    except OSError as exc:
-        raise CgroupError(f"cannot set up the cgroup {path}: {exc.strerror or exc}") from None
-
-
-def enter(path: Path) -> None:
-    """Move the calling process into the cgroup (its children follow)."""
-    try:
-        (path / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError as exc:
-        raise CgroupError(f"cannot move into the cgroup {path}: {exc.strerror or exc}") from None
-
-
-def members(path: Path) -> list[int]:
+def _procs(path: Path) -> list[int]:
     try:
         return [int(x) for x in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
         return []
 
 
-def send(path: Path, sig: int) -> int:
-    """Signal every process in the cgroup; how many were signalled."""
-    if sig == signal.SIGKILL and (path / "cgroup.kill").exists():
-        count = len(members(path))
+def check_controllers(mem_mb: int | None, cpus: float | None, where: Hierarchies | None = None) -> set[str]:
+    """The controllers the limits need; CgroupError when the node has neither a v2 nor a v1 home for one."""
+    where = where or hierarchies()
+    needed = {name for name, value in (("memory", mem_mb), ("cpu", cpus)) if value is not None}
+    missing = {name for name in needed if where.home(name) is None}
+    if missing:
+        offered = sorted(where.offered_by_unified()) + [f"{c} (v1)" for c in sorted(where.v1)]
+        raise CgroupError(
+            f"the cgroup {' and '.join(sorted(missing))} controller is not available on this node "
+            f"(it offers: {' '.join(offered) or 'none'}): cannot enforce --mem / --cpus here; "
+            "submit without them"
+        )
+    return needed
+
+
+def create(
+    cg: AttemptCgroup,
+    mem_mb: int | None,
+    cpus: float | None,
+    deny_devices: Sequence[tuple[int, int]] = (),
+    where: Hierarchies | None = None,
+) -> None:
+    """Make the attempt's cgroups with its limits and device rules (char devices major:minor to
+    deny, applied where a v1 devices hierarchy exists); CgroupError when a limit cannot be enforced."""
+    where = where or hierarchies()
+    needed = check_controllers(mem_mb, cpus, where)
+    v2_needed = {c for c in needed if where.home(c) == "v2"}
+    quota = max(1000, round(cpus * 100_000)) if cpus is not None else None
+    try:
+        if cg.unified is not None:
+            root, parent = cg.unified.parent.parent, cg.unified.parent
+            parent.mkdir(exist_ok=True)
+            for level in (root, parent):
+                enabled = set((level / "cgroup.subtree_control").read_text().split())
+                for name in sorted(v2_needed - enabled):
+                    (level / "cgroup.subtree_control").write_text(f"+{name}")
+            cg.unified.mkdir(exist_ok=True)
+            if mem_mb is not None and "memory" in v2_needed:
+                (cg.unified / "memory.max").write_text(str(mem_mb << 20))
+                with contextlib.suppress(OSError):
+                    (cg.unified / "memory.swap.max").write_text("0")
+            if quota is not None and "cpu" in v2_needed:
+                (cg.unified / "cpu.max").write_text(f"{quota} 100000")
+        wanted = {"memory": mem_mb is not None, "cpu": cpus is not None, "devices": bool(deny_devices)}
+        for controller, path in cg.v1.items():
+            if not wanted.get(controller):
+                continue
+            path.parent.mkdir(exist_ok=True)
+            path.mkdir(exist_ok=True)
+            if controller == "memory" and mem_mb is not None:
+                (path / "memory.limit_in_bytes").write_text(str(mem_mb << 20))
+                with contextlib.suppress(OSError):  # only where swap accounting is on
+                    (path / "memory.memsw.limit_in_bytes").write_text(str(mem_mb << 20))
+            elif controller == "cpu" and quota is not None:
+                (path / "cpu.cfs_period_us").write_text("100000")
+                (path / "cpu.cfs_quota_us").write_text(str(quota))
+            elif controller == "devices":
+                for major, minor in deny_devices:
+                    (path / "devices.deny").write_text(f"c {major}:{minor} rwm")
+    except OSError as exc:
+        raise CgroupError(f"cannot set up the cgroups of {cg.dirs()[0]}: {exc.strerror or exc}") from None
+
+
+def enforces_devices(cg: AttemptCgroup) -> bool:
+    """Whether device rules reach this attempt (only a v1 devices hierarchy; see the module doc)."""
+    return "devices" in cg.v1
+
+
+def enter(cg: AttemptCgroup) -> None:
+    """Move the calling process into each of the attempt's cgroups that exists (its children follow)."""
+    for d in cg.dirs():
+        if not d.exists():
+            continue
+        try:
+            (d / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError as exc:
+            raise CgroupError(f"cannot move into the cgroup {d}: {exc.strerror or exc}") from None
+
+
+def members(path: Path | AttemptCgroup) -> list[int]:
+    return path.members() if isinstance(path, AttemptCgroup) else _procs(path)
+
+
+def send(cg: AttemptCgroup, sig: int) -> int:
+    """Signal every process in the attempt's cgroups; how many were signalled."""
+    unified = cg.unified
+    if sig == signal.SIGKILL and unified is not None and (unified / "cgroup.kill").exists():
+        count = len(_procs(unified))
         with contextlib.suppress(OSError):
-            (path / "cgroup.kill").write_text("1")
+            (unified / "cgroup.kill").write_text("1")
         return count
     count = 0
-    for pid in members(path):
+    for pid in cg.members():
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
             count += 1
     return count
 
 
-def kill_and_remove(path: Path, timeout_s: float = 10.0) -> bool:
-    """SIGKILL what is left, wait until the cgroup is empty, remove it; whether it is gone."""
+def kill_and_remove(cg: AttemptCgroup, timeout_s: float = 10.0) -> bool:
+    """SIGKILL what is left, wait until the cgroups are empty, remove them; whether they are gone."""
     deadline = time.monotonic() + timeout_s
-    while path.exists():
-        if members(path):
-            send(path, signal.SIGKILL)
+    while cg.exists():
+        if cg.members():
+            send(cg, signal.SIGKILL)
         else:
-            with contextlib.suppress(OSError):
-                path.rmdir()
+            for d in cg.dirs():
+                with contextlib.suppress(OSError):
+                    d.rmdir()
         if time.monotonic() > deadline:
-            return not path.exists()
+            return not cg.exists()
         time.sleep(0.02)
     return True

@@ -143,6 +143,7 @@ def _child_overlay(
         overlay[nc.EMULATED_SPEED] = repr(float(emulated_speed))
     if visible_devices is not None:
         overlay[nc.VISIBLE_DEVICES] = visible_devices
+        overlay[nc.DEVICE_ORDER] = nc.DEVICE_ORDER_VALUE
     overlay.update(env)
     return overlay
 
@@ -171,10 +172,9 @@ def _check_isolation(run_as: str | None, mem_mb: int | None, cpus: float | None)
         runas.check_account(run_as, policy)
     except runas.Refused as exc:
         raise BadRequest(f"run-as: {exc}") from None
-    root = cgroup.cgroup2_root()
     try:
-        if root is not None and (mem_mb is not None or cpus is not None):
-            cgroup.check_controllers(root, mem_mb, cpus)
+        if mem_mb is not None or cpus is not None:
+            cgroup.check_controllers(mem_mb, cpus)
     except cgroup.CgroupError as exc:
         raise BadRequest(str(exc)) from None
 

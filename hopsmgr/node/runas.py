@@ -12,7 +12,8 @@ from the one to the other, and it takes nothing but a work directory and an atte
 - It refuses root, accounts below the policy's `min_uid` (default 1000) and accounts that do not exist.
 - `start`: makes the attempt's `job/` directory (the user's, group the wrapper's, 2770) and log
   (0640), hands the job's checkpoint directory (under `<workdir>/checkpoints/`) to the user, puts
-  itself in the attempt's own cgroup with the submission's limits (hopsmgr.node.cgroup), drops to
+  itself in the attempt's own cgroups with the submission's limits and with the node's GPUs it was
+  not granted fenced off where the devices controller allows (hopsmgr.node.cgroup), drops to
   the user's uid, gid, supplementary groups and HOME with no_new_privs set, and execs the job's argv
   with the spec's environment (not the wrapper's: its secrets stay with it).
 - `signal --signal TERM|USR1|INT|KILL`: signals every process of the attempt's cgroup (KILL also
@@ -45,7 +46,7 @@ else:  # pragma: no cover - Python 3.10 only
     import tomli as tomllib
 
 from hopsmgr import nodecontract as nc
-from hopsmgr.node import cgroup
+from hopsmgr.node import cgroup, gpu_devices
 from hopsmgr.node.layout import JOB_SUBDIR, RUN_AS_FILE, Attempt, BadRequest, read_epoch, validate_id
 from hopsmgr.runtime.files import read_json
 
@@ -66,6 +67,7 @@ class Refused(Exception):
 class Policy:
     min_uid: int = DEFAULT_MIN_UID
     workdirs: tuple[str, ...] = ()  # empty: any (only when the caller is root itself)
+    nvidia_gpus: str = str(gpu_devices.DRIVER_GPUS)  # where the driver lists the GPUs and their minors
 
 
 def load_policy(path: Path | None = None) -> Policy:
@@ -82,13 +84,19 @@ def load_policy(path: Path | None = None) -> Policy:
         raw = tomllib.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise Refused(f"{path}: {exc}") from None
-    unknown = set(raw) - {"min_uid", "workdirs"}
+    unknown = set(raw) - {"min_uid", "workdirs", "nvidia_gpus"}
     min_uid, workdirs = raw.get("min_uid", DEFAULT_MIN_UID), raw.get("workdirs", [])
+    nvidia_gpus = raw.get("nvidia_gpus", Policy.nvidia_gpus)
     if unknown or isinstance(min_uid, bool) or not isinstance(min_uid, int) or min_uid < 1:
-        raise Refused(f"{path}: takes min_uid (an integer >= 1) and workdirs (a list of paths)")
+        raise Refused(
+            f"{path}: takes min_uid (an integer >= 1), workdirs (a list of paths) and nvidia_gpus (a path)"
+            + (f"; not {', '.join(sorted(unknown))}" if unknown else "")
+        )
     if not isinstance(workdirs, list) or not all(isinstance(w, str) and w.startswith("/") for w in workdirs):
         raise Refused(f"{path}: workdirs must be a list of absolute paths")
-    return Policy(min_uid, tuple(workdirs))
+    if not isinstance(nvidia_gpus, str) or not nvidia_gpus.startswith("/"):
+        raise Refused(f"{path}: nvidia_gpus must be an absolute path, not {nvidia_gpus!r}")
+    return Policy(min_uid, tuple(workdirs), nvidia_gpus)
 
 
 def command() -> list[str]:
@@ -147,6 +155,7 @@ class Verified:
     spec: dict[str, Any]
     account: pwd.struct_passwd
     wrapper_gid: int
+    policy: Policy
 
 
 def verify(workdir: str, attempt_id: str, *, fenced: bool = True) -> Verified:
@@ -179,7 +188,7 @@ def verify(workdir: str, attempt_id: str, *, fenced: bool = True) -> Verified:
     epoch = spec.get("epoch")
     if fenced and (not isinstance(epoch, int) or epoch < read_epoch(a.workdir)):
         raise Refused(f"attempt {attempt_id}: epoch {epoch!r} is fenced off on this node")
-    return Verified(a, spec, check_account(run_as, policy), st.st_gid)
+    return Verified(a, spec, check_account(run_as, policy), st.st_gid, policy)
 
 
 def _checkpoint_dir(v: Verified) -> None:
@@ -216,20 +225,8 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
     log_fd = os.open(job / nc.LOG_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o640)
     os.fchown(log_fd, account.pw_uid, v.wrapper_gid)
     _checkpoint_dir(v)
-    path = cgroup.attempt_path(a.workdir, attempt_id)
-    limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
-    try:
-        if path is None:
-            raise cgroup.CgroupError("no cgroup v2 hierarchy is mounted")
-        cgroup.create(path, *limits)
-        cgroup.enter(path)
-    except cgroup.CgroupError as exc:
-        if limits != (None, None):
-            raise Refused(str(exc)) from None
-        os.write(
-            log_fd, f"hopsmgr: no cgroup of its own ({exc}): stop reaches its process group only\n".encode()
-        )
     env = {str(key): str(value) for key, value in (v.spec.get("env") or {}).items()}
+    _enter_cgroups(v, log_fd, env)
     env.setdefault("PATH", DEFAULT_PATH)
     env.update(
         HOME=account.pw_dir,
@@ -256,6 +253,32 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
         os._exit(127)
 
 
+def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
+    """Put the step (and so the job it becomes) in the attempt's cgroups, with its limits and the
+    rules that keep it off the node's other GPUs; say in the job's log what could not be enforced."""
+    hierarchies = cgroup.hierarchies()
+    cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, hierarchies)
+    limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
+    rules = gpu_devices.rules_for(env, Path(v.policy.nvidia_gpus))
+    notes = [rules.note] if rules.note else []
+    try:
+        if cg is None:
+            raise cgroup.CgroupError("no cgroup hierarchy is mounted")
+        cgroup.create(cg, *limits, deny_devices=rules.deny, where=hierarchies)
+        cgroup.enter(cg)
+        if rules.deny and not cgroup.enforces_devices(cg):
+            notes.append(
+                "hopsmgr: the node's other GPUs are not fenced off (no cgroup v1 devices hierarchy; "
+                "cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES restricts them"
+            )
+    except cgroup.CgroupError as exc:
+        if limits != (None, None):
+            raise Refused(str(exc)) from None
+        notes.append(f"hopsmgr: no cgroup of its own ({exc}): stop reaches its process group only")
+    for note in notes:
+        os.write(log_fd, f"{note}\n".encode())
+
+
 def _leader_is(pid: int, uid: int) -> bool:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -271,12 +294,12 @@ def send_signal(workdir: str, attempt_id: str, name: str) -> dict[str, Any]:
         raise Refused(f"signal {name!r} is not one of {', '.join(SIGNALS)}")
     v = verify(workdir, attempt_id, fenced=False)
     sig = SIGNALS[name]
-    path = cgroup.attempt_path(v.attempt.workdir, attempt_id)
-    if path is not None and path.exists():
-        count = cgroup.send(path, sig)
+    cg = cgroup.attempt_cgroup(v.attempt.workdir, attempt_id)
+    if cg is not None and cg.exists():
+        count = cgroup.send(cg, sig)
         if sig == signal.SIGKILL:
-            cgroup.kill_and_remove(path)
-        return {"signalled": count, "cgroup": str(path)}
+            cgroup.kill_and_remove(cg)
+        return {"signalled": count, "cgroup": str(cg.dirs()[0])}
     record: Any = read_json(v.attempt.child)
     pid = record.get("pid") if isinstance(record, dict) else None
     if isinstance(pid, int) and pid > 1 and _leader_is(pid, v.account.pw_uid):
@@ -290,9 +313,9 @@ def send_signal(workdir: str, attempt_id: str, name: str) -> dict[str, Any]:
 
 def cleanup(workdir: str, attempt_id: str) -> dict[str, Any]:
     v = verify(workdir, attempt_id, fenced=False)
-    path = cgroup.attempt_path(v.attempt.workdir, attempt_id)
-    if path is not None and path.exists():
-        cgroup.kill_and_remove(path)
+    cg = cgroup.attempt_cgroup(v.attempt.workdir, attempt_id)
+    if cg is not None and cg.exists():
+        cgroup.kill_and_remove(cg)
     shutil.rmtree(v.attempt.dir / JOB_SUBDIR, ignore_errors=True)
     return {"cleaned": True}
 

@@ -287,7 +287,7 @@ def test_refused_accounts_get_the_reason_at_submit(cl: LocalCluster, tokens: dic
 
 @needs_python
 def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens: dict[str, str]) -> None:
-    root = cgroup.cgroup2_root()
+    found = cgroup.hierarchies()
     job_id = cl.cli(
         "submit", "--gpus", "1", "--batch-size", "8", "--iters", "20", "--mem", "512M", "--cpus", "1",
         "--env", f"PYTHONPATH={REPO}", "--", JOB_PYTHON, PROBE, "--iters", "20", "--batch-size", "8",
@@ -295,13 +295,25 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
     ).stdout.strip()  # fmt: skip
     job = cl.job(job_id)
     assert (job["mem_mb"], job["cpus"]) == (512, 1.0)
-    offered = set((root / "cgroup.controllers").read_text().split()) if root else set()
-    if {"memory", "cpu"} <= offered:
+    if found.home("memory") and found.home("cpu"):  # from cgroup v2 where it offers them, else v1
         attempt = running_attempt(cl, job_id)
-        where = cgroup.attempt_path(attempt.parent.parent, attempt.name)
-        assert where is not None
-        assert (where / "memory.max").read_text().strip() == str(512 << 20)
-        assert (where / "cpu.max").read_text().split() == ["100000", "100000"]
+        cg = cgroup.attempt_cgroup(attempt.parent.parent, attempt.name)
+        assert cg is not None
+        if found.home("memory") == "v2":
+            assert cg.unified is not None and (cg.unified / "memory.max").read_text().strip() == str(
+                512 << 20
+            )
+        else:
+            assert (cg.v1["memory"] / "memory.limit_in_bytes").read_text().strip() == str(512 << 20)
+        if found.home("cpu") == "v2":
+            assert cg.unified is not None and (cg.unified / "cpu.max").read_text().split() == [
+                "100000",
+                "100000",
+            ]
+        else:
+            assert (cg.v1["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "100000"
+        pid = int((attempt / "pid").read_text())
+        assert all(pid in cgroup.members(d) for d in cg.dirs() if d.exists()), cg
         cl.wait_state(job_id, "COMPLETED", timeout=120)
     else:  # this host cannot enforce them: the job fails at once, saying why
         done = cl.wait_state(job_id, "FAILED", timeout=60)

@@ -87,6 +87,7 @@ BASE = {"command": ["python", "train.py"], "gpus": [1], "batch_size": 8, "iterat
     [
         ({"env": {"HOPS_MODE": "run"}}, "env.HOPS_MODE"),
         ({"env": {"CUDA_VISIBLE_DEVICES": "0"}}, "env.CUDA_VISIBLE_DEVICES"),
+        ({"env": {"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}}, "env.CUDA_DEVICE_ORDER"),
         ({"workdir": "/a/.."}, "workdir"),
         ({"workdir": "a"}, "workdir"),
         ({"gpus": [2, 2]}, "gpus"),
@@ -108,7 +109,7 @@ def test_the_document_shows_the_schemas_the_api_checks_with() -> None:
     body = doc["paths"]["/api/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert body == protocol.SUBMISSION.json_schema()
     assert body["properties"]["env"]["propertyNames"]["not"] == {
-        "pattern": "^(?:HOPS_|CUDA_VISIBLE_DEVICES$)"
+        "pattern": "^(?:HOPS_|CUDA_VISIBLE_DEVICES$|CUDA_DEVICE_ORDER$)"
     }
     beat = doc["paths"]["/api/v1/agents/heartbeat"]["post"]["requestBody"]["content"]["application/json"]
     assert beat["schema"] == protocol.HEARTBEAT.json_schema()

@@ -1,0 +1,240 @@
+"""An isolated attempt's cgroups: `--mem` and `--cpus` hold, and the node's GPUs it was not granted
+cannot be opened, on this host's own hierarchies (cgroup v2 where it offers a controller, v1 where not).
+
+The first tests read mount tables and driver listings written here (no root needed). The others start
+real jobs as a real Unix account through the wrapper and the privileged step, as root (the step's own
+rule; CI runs as root): a job that allocates past its memory limit is killed, a busy job under
+`--cpus 0.2` gets about a fifth of a CPU, and a job granted GPU 0 of three can open that GPU's device
+file but not the other two. The GPU device files are real character devices (major 195, made with
+mknod) on a host without the NVIDIA driver: opening an allowed one fails with ENXIO (no driver behind
+it), a denied one with EPERM (the devices controller), so the test tells the two apart. Each is skipped,
+with the reason, on a host whose hierarchies lack the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hopsmgr.node import cgroup, gpu_devices, ops
+
+USER = "hopsc-user"
+JOB_PYTHON = "/usr/bin/python3"
+
+HYBRID = """\
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0
+cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0
+cgroup2 {unified} cgroup2 rw,relatime 0 0
+"""
+
+
+def test_hierarchies_are_read_from_the_mount_table(tmp_path: Path) -> None:
+    unified = tmp_path / "unified"
+    unified.mkdir()
+    (unified / "cgroup.controllers").write_text("cpu pids\n")
+    found = cgroup.hierarchies(HYBRID.format(unified=unified))
+    assert found.unified == unified
+    assert found.v1 == {
+        "cpu": Path("/sys/fs/cgroup/cpu"),
+        "memory": Path("/sys/fs/cgroup/memory"),
+        "devices": Path("/sys/fs/cgroup/devices"),
+    }
+    assert (found.home("cpu"), found.home("memory"), found.home("io")) == ("v2", "v1", None)
+    cg = cgroup.attempt_cgroup(Path("/w"), "a-000001", found)
+    assert cg is not None and cg.unified is not None
+    assert cg.unified.parent == unified / "hopsmgr" and cg.unified.name.startswith("a-000001-")
+    # cpu comes from the unified hierarchy that offers it; memory and devices from their v1 ones
+    assert set(cg.v1) == {"memory", "devices"}
+    assert cg.v1["memory"] == Path("/sys/fs/cgroup/memory/hopsmgr") / cg.unified.name
+    assert cgroup.check_controllers(512, 1.0, found) == {"memory", "cpu"}
+
+
+def test_a_limit_no_hierarchy_offers_is_refused_with_the_reason(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("pids\n")
+    v2_only = cgroup.hierarchies(f"cgroup2 {tmp_path} cgroup2 rw 0 0\n")
+    assert v2_only.v1 == {} and v2_only.home("memory") is None
+    with pytest.raises(cgroup.CgroupError, match=r"memory controller is not available .*offers: pids"):
+        cgroup.check_controllers(512, None, v2_only)
+    assert cgroup.check_controllers(None, None, v2_only) == set()
+    assert cgroup.attempt_cgroup(Path("/w"), "a-1", cgroup.hierarchies("")) is None
+
+
+def fake_driver(root: Path, minors_by_bus: dict[str, int]) -> Path:
+    """/proc/driver/nvidia/gpus as the driver writes it: one directory per GPU, named by PCI bus id."""
+    for bus, minor in minors_by_bus.items():
+        (root / bus).mkdir(parents=True)
+        (root / bus / "information").write_text(
+            f"Model: \t\t Tesla V100-SXM2-16GB\nBus Type: \t PCIe\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n"
+        )
+    return root
+
+
+def test_gpu_indices_follow_pci_bus_order_not_minor_numbers(tmp_path: Path) -> None:
+    driver = fake_driver(tmp_path, {"0000:86:00.0": 0, "0000:3b:00.0": 2, "0000:5e:00.0": 1})
+    assert gpu_devices.minors_by_index(driver) == [2, 1, 0]
+    rules = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "0,2"}, driver)
+    assert rules.deny == ((195, 1),) and rules.note == ""
+    assert gpu_devices.rules_for({}, driver).deny == ()
+    assert "not restricted" in gpu_devices.rules_for({}, driver).note
+    odd = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, driver)
+    assert odd.deny == () and "only CUDA_VISIBLE_DEVICES" in odd.note
+    assert gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "5"}, driver).deny == ()
+    assert gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "0"}, tmp_path / "none") == gpu_devices.DeviceRules(
+        (), ""
+    )
+
+
+def test_the_job_counts_gpus_in_pci_bus_order(tmp_path: Path) -> None:
+    overlay = ops._child_overlay(
+        ops.Attempt(tmp_path, "a-000001"), "j-1", "run", 2, tmp_path, "1,3", 20, None, {}
+    )
+    assert overlay["CUDA_VISIBLE_DEVICES"] == "1,3" and overlay["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+# --- real jobs, as root -----------------------------------------------------------------------------
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("useradd") is None or not os.access(JOB_PYTHON, os.X_OK),
+    reason="needs root, useradd and /usr/bin/python3: it runs jobs as a Unix account it creates",
+)
+
+
+def needs_controller(name: str) -> None:
+    if cgroup.hierarchies().home(name) is None:
+        pytest.skip(f"this host offers no {name} controller, in cgroup v2 or v1")
+
+
+@pytest.fixture(scope="module")
+def account() -> Iterator[pwd.struct_passwd]:
+    subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
+    subprocess.run(["useradd", "--create-home", USER], check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(USER)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True, check=False)
+        subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
+
+
+@pytest.fixture
+def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A work directory, a policy of root's that points at a fake driver listing (three GPUs)."""
+    root = Path(tempfile.mkdtemp(prefix="hopsmgr-limits-", dir="/tmp"))
+    os.chmod(root, 0o711)
+    driver = fake_driver(root / "driver", {"0000:3b:00.0": 1, "0000:5e:00.0": 0, "0000:86:00.0": 2})
+    policy = root / "runas.toml"
+    policy.write_text(f'min_uid = 1000\nnvidia_gpus = "{driver}"\n')
+    os.chmod(policy, 0o644)
+    monkeypatch.setenv("HOPSMGR_RUNAS_POLICY", str(policy))
+    yield root / "w"
+    for marker in (root / "w" / "attempts").glob("*/spec.json"):
+        found = cgroup.attempt_cgroup(root / "w", marker.parent.name)
+        if found is not None:
+            cgroup.kill_and_remove(found)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def run_job(
+    workdir: Path, attempt: str, script: str, timeout: float = 60, **launch: object
+) -> dict[str, object]:
+    """Launch `script` as the account, wait for it to end; its exit record and log."""
+    ops.launch(workdir, attempt, "j-000001", 1, [JOB_PYTHON, "-c", script], run_as=USER, **launch)  # type: ignore[arg-type]
+    done = workdir / "attempts" / attempt / "exit.json"
+    deadline = time.monotonic() + timeout
+    while not done.exists():
+        assert time.monotonic() < deadline, f"{attempt} still running after {timeout} s"
+        time.sleep(0.1)
+    return {**json.loads(done.read_text()), "log": ops.logs(workdir, attempt)["log"]}
+
+
+ALLOCATE = """
+chunks = []
+for i in range({mb}):
+    chunks.append(bytearray(1 << 20))
+    chunks[-1][::4096] = b"x" * len(chunks[-1][::4096])
+print("allocated", len(chunks), "MiB", flush=True)
+"""
+
+
+@needs_root
+def test_a_job_past_its_memory_limit_is_killed(account: pwd.struct_passwd, node: Path) -> None:
+    needs_controller("memory")
+    small = run_job(node, "a-000001", ALLOCATE.format(mb=16), mem_mb=64)
+    assert small["code"] == 0 and "allocated 16 MiB" in str(small["log"]), small
+    big = run_job(node, "a-000002", ALLOCATE.format(mb=400), mem_mb=64)
+    assert big["signal"] == 9 and "allocated" not in str(big["log"]), big
+    unlimited = run_job(node, "a-000003", ALLOCATE.format(mb=200))
+    assert unlimited["code"] == 0 and "allocated 200 MiB" in str(unlimited["log"]), unlimited
+
+
+SPIN = """
+import os, time
+start, cpu0 = time.monotonic(), time.process_time()
+while time.monotonic() - start < 2.0:
+    pass
+print("cpu share %.3f" % ((time.process_time() - cpu0) / (time.monotonic() - start)), flush=True)
+"""
+
+
+def cpu_share(log: object) -> float:
+    line = next(x for x in str(log).splitlines() if x.startswith("cpu share "))
+    return float(line.split()[-1])
+
+
+@needs_root
+def test_a_busy_job_gets_the_cpus_it_asked_for(account: pwd.struct_passwd, node: Path) -> None:
+    needs_controller("cpu")
+    capped = run_job(node, "a-000001", SPIN, cpus=0.2)
+    free = run_job(node, "a-000002", SPIN)
+    # a fifth of a CPU, give or take the scheduler's period; without the cap, (nearly) a whole one
+    assert cpu_share(capped["log"]) < 0.35, capped
+    assert cpu_share(free["log"]) > 2 * cpu_share(capped["log"]), (free, capped)
+
+
+OPEN_GPUS = """
+import errno, os
+for path in sys.argv[1:]:
+    try:
+        os.close(os.open(path, os.O_RDWR))
+        print(path, "opened")
+    except OSError as exc:
+        print(path, errno.errorcode[exc.errno])
+"""
+
+
+@needs_root
+def test_a_job_cannot_open_the_gpus_it_was_not_granted(account: pwd.struct_passwd, node: Path) -> None:
+    if cgroup.hierarchies().home("devices") != "v1":
+        pytest.skip("GPU device rules need a cgroup v1 devices hierarchy (v2 would need eBPF: not enforced)")
+    dev = node.parent / "dev"
+    dev.mkdir()
+    os.chmod(dev, 0o755)
+    for minor in (0, 1, 2, 255):
+        path = dev / (f"nvidia{minor}" if minor != 255 else "nvidiactl")
+        os.mknod(path, 0o666 | 0o020000, os.makedev(195, minor))  # S_IFCHR
+        os.chmod(path, 0o666)
+    paths = [str(dev / name) for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl")]
+    argv_script = OPEN_GPUS.replace("sys.argv[1:]", repr(paths))
+    # GPU index 0 is the first in PCI bus order: 0000:3b:00.0, whose minor is 1
+    granted = run_job(node, "a-000001", argv_script, visible_devices="0", gpus=1)
+    opened = dict(line.rsplit(" ", 1) for line in str(granted["log"]).splitlines() if line.startswith("/"))
+    assert opened == {
+        paths[0]: "EPERM",  # minor 0: GPU index 1, not granted
+        paths[1]: "ENXIO",  # minor 1: the granted GPU (no driver here to answer)
+        paths[2]: "EPERM",
+        paths[3]: "ENXIO",  # the control device every CUDA process opens
+    }, granted
+    every = run_job(node, "a-000002", argv_script)  # no GPUs named: not restricted, and the log says so
+    assert str(every["log"]).count("ENXIO") == 4 and "not restricted" in str(every["log"]), every

@@ -135,7 +135,7 @@ class _Budget:
 
 def load_torch() -> Any:
     # count GPUs as NVML does (PCI bus order), as the jobs' CUDA_VISIBLE_DEVICES does (set before CUDA starts)
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
         import torch
     except ImportError as exc:

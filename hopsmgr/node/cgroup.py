@@ -10,10 +10,13 @@ own v1 hierarchy (hybrid hosts, as many Debian/Ubuntu LTS servers and containers
 
 | need | cgroup v2 | cgroup v1 |
 |---|---|---|
-| membership, stop, kill | the unified directory | the v1 directories (every member of each) |
+| membership, stop, kill | the unified directory | the v1 directories (all of them without a unified one) |
 | `--mem` | memory.max, memory.swap.max = 0 | memory.limit_in_bytes, memory.memsw.limit_in_bytes |
 | `--cpus` | cpu.max | cpu.cfs_quota_us / cpu.cfs_period_us |
 | GPUs not granted | not enforced (needs an eBPF device program) | devices.deny `c 195:<minor> rwm` |
+
+`create` makes them and sets limits and rules (removing what it made if any cannot be set), `enter`
+moves the step into exactly those (failing if one is gone: a stop removed it meanwhile).
 
 Not systemd transient units: the cgroups are made directly, which works with or without systemd
 where the hierarchies are writable by root (docs/security.md).
@@ -26,7 +29,7 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +47,7 @@ class Hierarchies:
     """Where the node's cgroup hierarchies are mounted."""
 
     unified: Path | None = None
-    v1: dict[str, Path] = field(default_factory=dict)  # controller -> its v1 mount
+    v1: Mapping[str, Path] = field(default_factory=dict)  # controller -> its v1 mount
 
     def offered_by_unified(self) -> set[str]:
         return _controllers(self.unified) if self.unified is not None else set()
@@ -78,17 +81,12 @@ def hierarchies(mounts_text: str | None = None) -> Hierarchies:
     return Hierarchies(root if root in unified else (unified[0] if unified else None), v1)
 
 
-def cgroup2_root() -> Path | None:
-    """Where the cgroup v2 hierarchy is mounted (/sys/fs/cgroup, or .../unified on hybrid hosts)."""
-    return hierarchies().unified
-
-
 @dataclass(frozen=True)
 class AttemptCgroup:
     """The cgroup directories of one attempt (made or not)."""
 
     unified: Path | None
-    v1: dict[str, Path]  # controller -> directory, for the controllers the unified hierarchy lacks
+    v1: Mapping[str, Path]  # controller -> directory, for the controllers the unified hierarchy lacks
 
     def dirs(self) -> list[Path]:
         return ([self.unified] if self.unified is not None else []) + sorted(set(self.v1.values()))
@@ -98,8 +96,8 @@ class AttemptCgroup:
 
     def members(self) -> list[int]:
         if self.unified is not None and self.unified.exists():
-            return _procs(self.unified)
-        return sorted({pid for d in self.v1.values() for pid in _procs(d)})
+            return procs(self.unified)
+        return sorted({pid for d in self.v1.values() for pid in procs(d)})
 
 
 def attempt_cgroup(workdir: Path, attempt_id: str, where: Hierarchies | None = None) -> AttemptCgroup | None:
@@ -114,12 +112,6 @@ def attempt_cgroup(workdir: Path, attempt_id: str, where: Hierarchies | None = N
     return AttemptCgroup(unified, v1)
 
 
-def attempt_path(workdir: Path, attempt_id: str) -> Path | None:
-    """The attempt's unified (v2) directory, where the node has a v2 hierarchy."""
-    found = attempt_cgroup(workdir, attempt_id)
-    return found.unified if found is not None else None
-
-
 def _controllers(path: Path) -> set[str]:
     try:
         return set((path / "cgroup.controllers").read_text().split())
@@ -127,7 +119,8 @@ def _controllers(path: Path) -> set[str]:
         return set()
 
 
-def _procs(path: Path) -> list[int]:
+def procs(path: Path) -> list[int]:
+    """The processes in one cgroup directory ([] when it is gone)."""
     try:
         return [int(x) for x in (path / "cgroup.procs").read_text().split()]
     except (OSError, ValueError):
@@ -149,28 +142,48 @@ def check_controllers(mem_mb: int | None, cpus: float | None, where: Hierarchies
     return needed
 
 
+@dataclass(frozen=True)
+class Made:
+    """What `create` made: the directories the job must be in, and lines for the job's log."""
+
+    dirs: tuple[Path, ...]
+    notes: tuple[str, ...] = ()
+
+
 def create(
     cg: AttemptCgroup,
     mem_mb: int | None,
     cpus: float | None,
     deny_devices: Sequence[tuple[int, int]] = (),
     where: Hierarchies | None = None,
-) -> None:
-    """Make the attempt's cgroups with its limits and device rules (char devices major:minor to
-    deny, applied where a v1 devices hierarchy exists); CgroupError when a limit cannot be enforced."""
+) -> Made:
+    """Make the attempt's cgroups with its limits and device rules (char devices major:minor to deny,
+    applied where a v1 devices hierarchy exists). CgroupError, after removing what it made, when a
+    limit or a rule cannot be set as asked."""
     where = where or hierarchies()
     needed = check_controllers(mem_mb, cpus, where)
     v2_needed = {c for c in needed if where.home(c) == "v2"}
     quota = max(1000, round(cpus * 100_000)) if cpus is not None else None
+    made: list[Path] = []
+    dirs: list[Path] = []
+    notes: list[str] = []
+
+    def mkdir(path: Path) -> None:
+        for d in (path.parent, path):
+            if not d.exists():
+                d.mkdir()
+                made.append(d)
+
     try:
         if cg.unified is not None:
-            root, parent = cg.unified.parent.parent, cg.unified.parent
-            parent.mkdir(exist_ok=True)
-            for level in (root, parent):
+            root = cg.unified.parent.parent
+            mkdir(cg.unified.parent)
+            for level in (root, cg.unified.parent):
                 enabled = set((level / "cgroup.subtree_control").read_text().split())
                 for name in sorted(v2_needed - enabled):
                     (level / "cgroup.subtree_control").write_text(f"+{name}")
-            cg.unified.mkdir(exist_ok=True)
+            mkdir(cg.unified)
+            dirs.append(cg.unified)
             if mem_mb is not None and "memory" in v2_needed:
                 (cg.unified / "memory.max").write_text(str(mem_mb << 20))
                 with contextlib.suppress(OSError):
@@ -178,23 +191,43 @@ def create(
             if quota is not None and "cpu" in v2_needed:
                 (cg.unified / "cpu.max").write_text(f"{quota} 100000")
         wanted = {"memory": mem_mb is not None, "cpu": cpus is not None, "devices": bool(deny_devices)}
-        for controller, path in cg.v1.items():
-            if not wanted.get(controller):
+        for controller, path in sorted(cg.v1.items()):
+            # without a unified hierarchy the v1 directories are also how stop finds the job: all made
+            if not wanted.get(controller) and cg.unified is not None:
                 continue
-            path.parent.mkdir(exist_ok=True)
-            path.mkdir(exist_ok=True)
+            mkdir(path)
+            dirs.append(path)
             if controller == "memory" and mem_mb is not None:
                 (path / "memory.limit_in_bytes").write_text(str(mem_mb << 20))
-                with contextlib.suppress(OSError):  # only where swap accounting is on
+                try:
                     (path / "memory.memsw.limit_in_bytes").write_text(str(mem_mb << 20))
+                except OSError:
+                    notes.append(
+                        "hopsmgr: this node does not account swap (cgroup v1 without memsw): past its "
+                        "memory limit the job may swap before it is killed"
+                    )
             elif controller == "cpu" and quota is not None:
                 (path / "cpu.cfs_period_us").write_text("100000")
                 (path / "cpu.cfs_quota_us").write_text(str(quota))
-            elif controller == "devices":
+            elif controller == "devices" and deny_devices:
+                # a deny rule is an exception to allow-by-default; under a parent that denies by
+                # default and allows c 195:*, it would be accepted and change nothing
+                inherited = (path.parent / "devices.list").read_text().split("\n")[0].strip()
+                if inherited != "a *:* rwm":
+                    raise CgroupError(
+                        f"the devices hierarchy at {path.parent} does not allow by default "
+                        f"({inherited!r}): the node's other GPUs cannot be fenced off here"
+                    )
                 for major, minor in deny_devices:
                     (path / "devices.deny").write_text(f"c {major}:{minor} rwm")
-    except OSError as exc:
-        raise CgroupError(f"cannot set up the cgroups of {cg.dirs()[0]}: {exc.strerror or exc}") from None
+    except (OSError, CgroupError) as exc:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        if isinstance(exc, CgroupError):
+            raise
+        raise CgroupError(f"cannot set up {exc.filename or 'the cgroups'}: {exc.strerror or exc}") from None
+    return Made(tuple(dirs), tuple(notes))
 
 
 def enforces_devices(cg: AttemptCgroup) -> bool:
@@ -202,26 +235,21 @@ def enforces_devices(cg: AttemptCgroup) -> bool:
     return "devices" in cg.v1
 
 
-def enter(cg: AttemptCgroup) -> None:
-    """Move the calling process into each of the attempt's cgroups that exists (its children follow)."""
-    for d in cg.dirs():
-        if not d.exists():
-            continue
+def enter(made: Made) -> None:
+    """Move the calling process into every cgroup `create` made (its children follow); CgroupError if
+    one is gone (a stop removed it meanwhile) or refuses it."""
+    for d in made.dirs:
         try:
             (d / "cgroup.procs").write_text(str(os.getpid()))
         except OSError as exc:
             raise CgroupError(f"cannot move into the cgroup {d}: {exc.strerror or exc}") from None
 
 
-def members(path: Path | AttemptCgroup) -> list[int]:
-    return path.members() if isinstance(path, AttemptCgroup) else _procs(path)
-
-
 def send(cg: AttemptCgroup, sig: int) -> int:
     """Signal every process in the attempt's cgroups; how many were signalled."""
     unified = cg.unified
     if sig == signal.SIGKILL and unified is not None and (unified / "cgroup.kill").exists():
-        count = len(_procs(unified))
+        count = len(procs(unified))
         with contextlib.suppress(OSError):
             (unified / "cgroup.kill").write_text("1")
         return count

@@ -131,6 +131,7 @@ def _child_overlay(
     env: Mapping[str, str],
 ) -> dict[str, str]:
     overlay = {
+        **env,  # the user's first: what hopsmgr sets below wins
         nc.JOB_ID: job,
         nc.ATTEMPT_ID: a.attempt_id,
         nc.ATTEMPT_DIR: str(a.dir),
@@ -144,7 +145,6 @@ def _child_overlay(
     if visible_devices is not None:
         overlay[nc.VISIBLE_DEVICES] = visible_devices
         overlay[nc.DEVICE_ORDER] = nc.DEVICE_ORDER_VALUE
-    overlay.update(env)
     return overlay
 
 

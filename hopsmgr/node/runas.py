@@ -26,6 +26,7 @@ Refusals print `hopsmgr-runas: refused: <why>` on stderr and exit 126.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -96,6 +97,13 @@ def load_policy(path: Path | None = None) -> Policy:
         raise Refused(f"{path}: workdirs must be a list of absolute paths")
     if not isinstance(nvidia_gpus, str) or not nvidia_gpus.startswith("/"):
         raise Refused(f"{path}: nvidia_gpus must be an absolute path, not {nvidia_gpus!r}")
+    if not nvidia_gpus.startswith("/proc/"):  # elsewhere only root may change what it lists
+        with contextlib.suppress(FileNotFoundError):
+            listing = os.lstat(nvidia_gpus)
+            if stat.S_ISLNK(listing.st_mode) or listing.st_uid != 0 or listing.st_mode & 0o022:
+                raise Refused(
+                    f"{path}: nvidia_gpus {nvidia_gpus} must be a directory of root's that no one else may write"
+                )
     return Policy(min_uid, tuple(workdirs), nvidia_gpus)
 
 
@@ -255,26 +263,33 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
 
 def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
     """Put the step (and so the job it becomes) in the attempt's cgroups, with its limits and the
-    rules that keep it off the node's other GPUs; say in the job's log what could not be enforced."""
+    rules that keep it off the node's other GPUs; refuse the attempt when a limit or the GPU fence
+    cannot be set up; say in the job's log what is not enforced."""
     hierarchies = cgroup.hierarchies()
     cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, hierarchies)
     limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
     rules = gpu_devices.rules_for(env, Path(v.policy.nvidia_gpus))
-    notes = [rules.note] if rules.note else []
+    fence = bool(rules.deny) and cg is not None and cgroup.enforces_devices(cg)
+    notes: list[str] = []
     try:
         if cg is None:
             raise cgroup.CgroupError("no cgroup hierarchy is mounted")
-        cgroup.create(cg, *limits, deny_devices=rules.deny, where=hierarchies)
-        cgroup.enter(cg)
-        if rules.deny and not cgroup.enforces_devices(cg):
-            notes.append(
-                "hopsmgr: the node's other GPUs are not fenced off (no cgroup v1 devices hierarchy; "
-                "cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES restricts them"
-            )
+        made = cgroup.create(cg, *limits, deny_devices=rules.deny if fence else (), where=hierarchies)
+        cgroup.enter(made)
+        notes += made.notes
     except cgroup.CgroupError as exc:
-        if limits != (None, None):
+        if limits != (None, None) or fence:
             raise Refused(str(exc)) from None
         notes.append(f"hopsmgr: no cgroup of its own ({exc}): stop reaches its process group only")
+    if fence:
+        env[nc.VISIBLE_DEVICES] = rules.visible or ""  # CUDA now counts the granted GPUs alone
+        notes += [rules.note] if rules.note else []
+    elif rules.deny:
+        notes.append(
+            "hopsmgr: the node's other GPUs are not fenced off for this job (no cgroup v1 devices "
+            "hierarchy; cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES keeps "
+            "it to its GPUs"
+        )
     for note in notes:
         os.write(log_fd, f"{note}\n".encode())
 
@@ -295,11 +310,13 @@ def send_signal(workdir: str, attempt_id: str, name: str) -> dict[str, Any]:
     v = verify(workdir, attempt_id, fenced=False)
     sig = SIGNALS[name]
     cg = cgroup.attempt_cgroup(v.attempt.workdir, attempt_id)
-    if cg is not None and cg.exists():
+    if cg is not None and cg.members():  # else (set up failed, or not yet entered): its process group
         count = cgroup.send(cg, sig)
         if sig == signal.SIGKILL:
             cgroup.kill_and_remove(cg)
         return {"signalled": count, "cgroup": str(cg.dirs()[0])}
+    if cg is not None and sig == signal.SIGKILL and cg.exists():
+        cgroup.kill_and_remove(cg)  # empty leftovers of a start that failed
     record: Any = read_json(v.attempt.child)
     pid = record.get("pid") if isinstance(record, dict) else None
     if isinstance(pid, int) and pid > 1 and _leader_is(pid, v.account.pw_uid):

@@ -256,13 +256,13 @@ def test_stop_reaches_every_process_of_the_job(
     wait_for(lambda: len(live_processes(alice.pw_uid)) >= 2, 20, "the job and the process it left")
     sessions = {os.getsid(p) for p in live_processes(alice.pw_uid)}
     assert len(sessions) >= 2 and os.getsid(pid) in sessions  # one outside the job's session
-    where = cgroup.attempt_path(attempt.parent.parent, attempt.name)
-    if where is not None and where.exists():
-        assert set(live_processes(alice.pw_uid)) <= set(cgroup.members(where))
+    cg = cgroup.attempt_cgroup(attempt.parent.parent, attempt.name)
+    if cg is not None and cg.exists():
+        assert set(live_processes(alice.pw_uid)) <= set(cg.members())
     assert cl.cli("cancel", job, token=tokens["alice"]).stdout.strip() == f"{job}: CANCELLED"
     wait_for(lambda: not live_processes(alice.pw_uid), 30, f"no process of {alice.pw_name} left")
-    if where is not None:
-        wait_for(lambda: not where.exists(), 10, "the attempt's cgroup removed")
+    if cg is not None:
+        wait_for(lambda: not cg.exists(), 10, "the attempt's cgroups removed")
 
 
 def test_refused_accounts_get_the_reason_at_submit(cl: LocalCluster, tokens: dict[str, str]) -> None:
@@ -313,7 +313,7 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
         else:
             assert (cg.v1["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "100000"
         pid = int((attempt / "pid").read_text())
-        assert all(pid in cgroup.members(d) for d in cg.dirs() if d.exists()), cg
+        assert all(pid in cgroup.procs(d) for d in cg.dirs() if d.exists()), cg
         cl.wait_state(job_id, "COMPLETED", timeout=120)
     else:  # this host cannot enforce them: the job fails at once, saying why
         done = cl.wait_state(job_id, "FAILED", timeout=60)

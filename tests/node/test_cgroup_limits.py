@@ -1,18 +1,20 @@
 """An isolated attempt's cgroups: `--mem` and `--cpus` hold, and the node's GPUs it was not granted
 cannot be opened, on this host's own hierarchies (cgroup v2 where it offers a controller, v1 where not).
 
-The first tests read mount tables and driver listings written here (no root needed). The others start
-real jobs as a real Unix account through the wrapper and the privileged step, as root (the step's own
-rule; CI runs as root): a job that allocates past its memory limit is killed, a busy job under
-`--cpus 0.2` gets about a fifth of a CPU, and a job granted GPU 0 of three can open that GPU's device
-file but not the other two. The GPU device files are real character devices (major 195, made with
-mknod) on a host without the NVIDIA driver: opening an allowed one fails with ENXIO (no driver behind
-it), a denied one with EPERM (the devices controller), so the test tells the two apart. Each is skipped,
-with the reason, on a host whose hierarchies lack the controller.
+The first tests read mount tables and driver listings written here. The others start real jobs as a
+real Unix account through the wrapper and the privileged step, as root (the step's own rule; CI runs
+as root): a job that allocates past its memory limit is killed, a busy job under `--cpus 0.2` gets
+about a fifth of a CPU, and a job granted GPU 0 of three is refused the other two GPUs' device files.
+The GPU device files are real character devices (major 195, made with mknod): the devices controller
+refuses a denied one with EPERM, while opening an allowed one gets past it (ENXIO on a host without
+the NVIDIA driver, success with it). Each is skipped, with the reason, on a host whose hierarchies
+lack the controller.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import pwd
@@ -25,14 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.node import cgroup, gpu_devices, ops
+from hopsmgr.node import cgroup, gpu_devices, ops, runas
 
 USER = "hopsc-user"
 JOB_PYTHON = "/usr/bin/python3"
 
 HYBRID = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
-cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
 cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0
 cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
 cgroup /sys/fs/cgroup/devices cgroup rw,relatime,devices 0 0
@@ -48,7 +49,7 @@ def test_hierarchies_are_read_from_the_mount_table(tmp_path: Path) -> None:
     found = cgroup.hierarchies(HYBRID.format(unified=unified))
     assert found.unified == unified
     assert found.v1 == {
-        "cpu": Path("/sys/fs/cgroup/cpu"),
+        "cpu": Path("/sys/fs/cgroup/cpu,cpuacct"),
         "memory": Path("/sys/fs/cgroup/memory"),
         "devices": Path("/sys/fs/cgroup/devices"),
     }
@@ -85,17 +86,57 @@ def fake_driver(root: Path, minors_by_bus: dict[str, int]) -> Path:
 
 def test_gpu_indices_follow_pci_bus_order_not_minor_numbers(tmp_path: Path) -> None:
     driver = fake_driver(tmp_path, {"0000:86:00.0": 0, "0000:3b:00.0": 2, "0000:5e:00.0": 1})
-    assert gpu_devices.minors_by_index(driver) == [2, 1, 0]
-    rules = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "0,2"}, driver)
-    assert rules.deny == ((195, 1),) and rules.note == ""
-    assert gpu_devices.rules_for({}, driver).deny == ()
-    assert "not restricted" in gpu_devices.rules_for({}, driver).note
-    odd = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, driver)
-    assert odd.deny == () and "only CUDA_VISIBLE_DEVICES" in odd.note
-    assert gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "5"}, driver).deny == ()
-    assert gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "0"}, tmp_path / "none") == gpu_devices.DeviceRules(
-        (), ""
-    )
+    gpus = gpu_devices.node_gpus(driver)
+    assert gpus is not None and gpus.counted == (2, 1, 0)
+    rules = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "2,0"}, driver)
+    # index 2 is minor 0 and index 0 minor 2; CUDA, seeing those two alone, counts them 0 (index 0), 1
+    assert rules.deny == ((195, 1),) and rules.visible == "1,0" and rules.note == ""
+    assert gpu_devices.rules_for({}, tmp_path / "none") == gpu_devices.NO_RULES  # no driver here
+
+
+def test_a_grant_that_cannot_be_mapped_fences_every_gpu(tmp_path: Path) -> None:
+    driver = fake_driver(tmp_path / "d", {"0000:3b:00.0": 0, "0000:5e:00.0": 1})
+    every = {(195, m) for m in range(254)}
+    for env, why in (
+        ({}, "no GPUs were granted"),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, "not indices of this node's 2 GPUs"),
+        ({"CUDA_VISIBLE_DEVICES": "2"}, "not indices"),
+        ({"CUDA_VISIBLE_DEVICES": "0,0"}, "not indices"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "not indices"),
+    ):
+        rules = gpu_devices.rules_for(env, driver)
+        assert set(rules.deny) == every and rules.visible == "" and why in rules.note, env
+    (driver / "0000:5e:00.0" / "information").write_text("Model: x\n")  # no minor: the order is unknown
+    rules = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "0"}, driver)
+    assert set(rules.deny) == every and "names no Device Minor" in rules.note
+    excluded = fake_driver(tmp_path / "e", {"0000:3b:00.0": 0, "0000:5e:00.0": 1, "0000:86:00.0": 2})
+    info = excluded / "0000:5e:00.0" / "information"
+    info.write_text(info.read_text().replace("GPU Excluded:\t No", "GPU Excluded:\t Yes"))
+    # NVML does not count an excluded GPU: index 1 is minor 2; the excluded one is fenced off too
+    rules = gpu_devices.rules_for({"CUDA_VISIBLE_DEVICES": "1"}, excluded)
+    assert rules.deny == ((195, 0), (195, 1)) and rules.visible == "0"
+
+
+def test_the_policy_names_the_gpu_listing(tmp_path: Path) -> None:
+    policy = tmp_path / "runas.toml"
+    for text, why in (
+        ('nvidia_gpus = "relative"\n', "must be an absolute path"),
+        ('min_uid = 1000\ngpus = "/x"\n', "not gpus"),
+    ):
+        policy.write_text(text)
+        os.chmod(policy, 0o644)
+        if os.geteuid() != 0:
+            pytest.skip("the policy must be root's file")
+        with pytest.raises(runas.Refused, match=why):
+            runas.load_policy(policy)
+    listing = tmp_path / "listing"
+    listing.mkdir()
+    os.chmod(listing, 0o777)
+    policy.write_text(f'nvidia_gpus = "{listing}"\n')
+    with pytest.raises(runas.Refused, match="no one else may write"):
+        runas.load_policy(policy)
+    os.chmod(listing, 0o755)
+    assert runas.load_policy(policy).nvidia_gpus == str(listing)
 
 
 def test_the_job_counts_gpus_in_pci_bus_order(tmp_path: Path) -> None:
@@ -139,11 +180,14 @@ def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     os.chmod(policy, 0o644)
     monkeypatch.setenv("HOPSMGR_RUNAS_POLICY", str(policy))
     yield root / "w"
+    left = []
     for marker in (root / "w" / "attempts").glob("*/spec.json"):
         found = cgroup.attempt_cgroup(root / "w", marker.parent.name)
-        if found is not None:
+        if found is not None and found.exists():
+            left.append(found)
             cgroup.kill_and_remove(found)
     shutil.rmtree(root, ignore_errors=True)
+    assert not left, f"cgroups left behind by ended attempts: {left}"
 
 
 def run_job(
@@ -205,6 +249,7 @@ def test_a_busy_job_gets_the_cpus_it_asked_for(account: pwd.struct_passwd, node:
 
 OPEN_GPUS = """
 import errno, os
+print("visible", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
 for path in sys.argv[1:]:
     try:
         os.close(os.open(path, os.O_RDWR))
@@ -212,6 +257,10 @@ for path in sys.argv[1:]:
     except OSError as exc:
         print(path, errno.errorcode[exc.errno])
 """
+
+
+def opened_as(log: object) -> dict[str, str]:
+    return dict(line.rsplit(" ", 1) for line in str(log).splitlines() if line.startswith("/"))
 
 
 @needs_root
@@ -226,15 +275,51 @@ def test_a_job_cannot_open_the_gpus_it_was_not_granted(account: pwd.struct_passw
         os.mknod(path, 0o666 | 0o020000, os.makedev(195, minor))  # S_IFCHR
         os.chmod(path, 0o666)
     paths = [str(dev / name) for name in ("nvidia0", "nvidia1", "nvidia2", "nvidiactl")]
-    argv_script = OPEN_GPUS.replace("sys.argv[1:]", repr(paths))
+    try:
+        os.close(os.open(paths[0], os.O_RDWR))
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            pytest.skip(f"device files cannot be opened here at all ({exc}: a nodev mount?)")
+    script = OPEN_GPUS.replace("sys.argv[1:]", repr(paths))
     # GPU index 0 is the first in PCI bus order: 0000:3b:00.0, whose minor is 1
-    granted = run_job(node, "a-000001", argv_script, visible_devices="0", gpus=1)
-    opened = dict(line.rsplit(" ", 1) for line in str(granted["log"]).splitlines() if line.startswith("/"))
-    assert opened == {
-        paths[0]: "EPERM",  # minor 0: GPU index 1, not granted
-        paths[1]: "ENXIO",  # minor 1: the granted GPU (no driver here to answer)
-        paths[2]: "EPERM",
-        paths[3]: "ENXIO",  # the control device every CUDA process opens
-    }, granted
-    every = run_job(node, "a-000002", argv_script)  # no GPUs named: not restricted, and the log says so
-    assert str(every["log"]).count("ENXIO") == 4 and "not restricted" in str(every["log"]), every
+    granted = run_job(node, "a-000001", script, visible_devices="0", gpus=1)
+    opened = opened_as(granted["log"])
+    assert [opened[p] == "EPERM" for p in paths] == [True, False, True, False], granted  # nvidiactl stays
+    assert "visible 0" in str(granted["log"]), granted  # CUDA counts the one GPU it can open as 0
+    second = run_job(node, "a-000002", script, visible_devices="2", gpus=1)  # index 2: minor 2
+    assert [opened_as(second["log"])[p] == "EPERM" for p in paths] == [True, True, False, False], second
+    assert "visible 0" in str(second["log"]), second
+    none = run_job(node, "a-000003", script)  # no GPUs granted: every GPU fenced off, and the log says so
+    assert [opened_as(none["log"])[p] == "EPERM" for p in paths] == [True, True, True, False], none
+    assert "no GPUs were granted" in str(none["log"]), none
+
+
+@needs_root
+def test_a_fence_that_would_not_hold_is_refused_and_leaves_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Under a devices parent that denies by default and allows c 195:* (GPU passthrough setups), a
+    deny rule would be accepted and change nothing: create refuses, and removes what it made."""
+    found = cgroup.hierarchies()
+    if found.home("devices") != "v1" or found.home("memory") is None:
+        pytest.skip("needs a cgroup v1 devices hierarchy and a memory controller")
+    monkeypatch.setattr(cgroup, "PARENT", f"hopsmgr-test-{os.getpid()}")
+    cg = cgroup.attempt_cgroup(tmp_path, "a-000001", found)
+    assert cg is not None
+    parent = cg.v1["devices"].parent
+    parent.mkdir()
+    try:
+        (parent / "devices.deny").write_text("a")
+        (parent / "devices.allow").write_text("c 195:* rwm")
+        with pytest.raises(cgroup.CgroupError, match="does not allow by default"):
+            cgroup.create(cg, 64, None, [(195, 1)], found)
+        assert not cg.exists() and all(not d.parent.exists() for d in cg.dirs() if d.parent != parent)
+        # a cgroup removed between create and enter (a stop meanwhile): enter fails, nothing is entered
+        made = cgroup.create(cg, 64, None, (), found)
+        assert cgroup.kill_and_remove(cg)
+        with pytest.raises(cgroup.CgroupError, match="cannot move into"):
+            cgroup.enter(made)
+    finally:
+        for d in [*cg.dirs(), *{d.parent for d in cg.dirs()}]:
+            with contextlib.suppress(OSError):
+                d.rmdir()

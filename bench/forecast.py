@@ -105,7 +105,9 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             budget_s=args.budget_s,
             min_futures=args.min_futures,
             max_futures=args.max_futures,
-            future=FutureOptions(sigma=args.sigma, round_growth=args.round_growth),
+            future=FutureOptions(
+                sigma=args.sigma, round_growth=args.round_growth, keep_bonus=args.keep_bonus
+            ),
         ),
     )
     sim.run()
@@ -178,7 +180,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         budget_s=args.budget_s,
         min_futures=args.min_futures,
         max_futures=args.max_futures,
-        future=FutureOptions(round_growth=args.round_growth),
+        future=FutureOptions(round_growth=args.round_growth, keep_bonus=args.keep_bonus),
     )
     for _ in range(args.scale_repeats):
         t0 = time.perf_counter()
@@ -211,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=FutureOptions().round_growth,
         help="futures' rounds at least this fraction of their elapsed time apart (FutureOptions)",
+    )
+    p.add_argument(
+        "--keep-bonus",
+        type=float,
+        default=FutureOptions().keep_bonus,
+        help="futures: how far ahead in priority a waiting job must be to preempt (FutureOptions)",
     )
     p.add_argument("--profiling", action="store_true")
     p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True)

@@ -42,11 +42,7 @@ def charge_attempt(
 def reference_type(m: SchedulerMachine) -> GpuType:
     """hopsmgr.core.fairshare.reference_type of the machine's nodes, from the GPUs per type the state
     keeps (not a pass over every node)."""
-    configured = m.settings.scheduler.fairshare_reference
-    totals = m.state.type_gpus
-    if configured or not totals:
-        return configured
-    return min(totals, key=lambda t: (-totals[t], t))
+    return fairshare.reference_of_totals(m.state.type_gpus, m.settings.scheduler.fairshare_reference)
 
 
 def charge_all(m: SchedulerMachine, now: float) -> None:

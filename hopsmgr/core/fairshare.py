@@ -57,11 +57,16 @@ def reference_type(servers: Iterable[Server], configured: str = "") -> GpuType:
     totals: dict[GpuType, int] = {}
     for s in servers:
         totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
+    return reference_of_totals(totals, configured)
+
+
+def reference_of_totals(type_gpus: Mapping[GpuType, int], configured: str = "") -> GpuType:
+    """`reference_type` from the GPUs per type (for a caller that keeps them)."""
     if configured:
         return configured
-    if not totals:
+    if not type_gpus:
         return ""
-    return min(totals, key=lambda t: (-totals[t], t))
+    return min(type_gpus, key=lambda t: (-type_gpus[t], t))
 
 
 def speed(job: JobSpec, gpu_type: GpuType, reference: GpuType, estimator: Estimator) -> float:

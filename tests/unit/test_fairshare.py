@@ -71,6 +71,10 @@ def test_reference_type_is_the_most_common_unless_configured() -> None:
     servers = [Server("a", "v100", 4), Server("b", "k80", 8), Server("c", "v100", 2)]
     assert fairshare.reference_type(servers) == "k80"
     assert fairshare.reference_type(servers, "v100") == "v100"
+    # a tie between totals goes to the first name, from servers or from kept totals alike
+    tied = [Server("a", "v100", 4), Server("b", "k80", 4)]
+    assert fairshare.reference_type(tied) == fairshare.reference_of_totals({"v100": 4, "k80": 4}) == "k80"
+    assert fairshare.reference_of_totals({}) == "" and fairshare.reference_of_totals({}, "t4") == "t4"
 
 
 @pytest.mark.parametrize("enabled", [True, False])

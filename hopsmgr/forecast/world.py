@@ -65,7 +65,9 @@ class EstimatedWorld:
             f = self.factors[rng_key] = math.exp(self.rng.gauss(0.0, self.sigma)) if self.sigma > 0 else 1.0
         return f
 
-    def true_rate(self, model: str, config_parts: Parts, rng_key: int = 0) -> float:
+    def true_rate(
+        self, model: str, config_parts: Parts, rng_key: int = 0, shares: Sequence[float] = ()
+    ) -> float:
         """The job's (`rng_key` names it) estimated rate now, times its error in this future."""
         spec = self.by_key.get(rng_key, self.templates[model])
         config = Config.of({s.id: g for s, g in config_parts})
@@ -79,7 +81,14 @@ class EstimatedWorld:
         mine = self.profiles[model]
         return mine.get(server.gpu_type) or mine[min(mine)]  # none on this type: the one of another
 
-    def sample_rate(self, model: str, config_parts: Parts, rng: random.Random, rng_key: int = 0) -> float:
+    def sample_rate(
+        self,
+        model: str,
+        config_parts: Parts,
+        rng: random.Random,
+        rng_key: int = 0,
+        shares: Sequence[float] = (),
+    ) -> float:
         return self.true_rate(model, config_parts, rng_key)
 
     def calibration(self, server: Server) -> Calibration:

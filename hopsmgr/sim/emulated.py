@@ -16,7 +16,9 @@ overshooting (0 by default: a calibration constant, not part of the example's ar
 The example does not use its GPUs: one iteration lasts t(v) whatever the GPU count, and a job placed
 over several servers runs one independent process per server, of which the master follows the primary
 (the placement's first server: its progress, its exit). The true rate is therefore that of the primary
-server alone. Units follow the master: a job's work is `iterations x batch x R1` samples (R1 its
+server alone; on a placement across GPU types the launch's speed-balanced shares (HOPS_RANK_SHARES)
+give the primary's GPUs `node share x world GPUs / its GPUs` of an equal share of the global batch,
+and its iterations last that much longer (`_pace`). Units follow the master: a job's work is `iterations x batch x R1` samples (R1 its
 smallest GPU count, `JobSpec.samples_from_iterations`) and its progress `iteration x batch x R1`, so the
 true rate is `batch x R1 / t(v)`; what the runtime reports as samples/s (and the estimator learns from)
 is `batch / t(v)`, without R1, exactly as the live runtime reports it. Nothing is random: the emulation
@@ -112,11 +114,18 @@ class EmulatedWorld:
         m = self._emulated(model)
         return m.work_s() / self.speed(server) * (1.0 + self.step_overhead)
 
-    def true_rate(self, model: str, config_parts: Parts, rng_key: int = 0) -> float:
+    def true_rate(
+        self, model: str, config_parts: Parts, rng_key: int = 0, shares: Sequence[float] = ()
+    ) -> float:
         if not config_parts:
             raise ValueError("a configuration needs at least one (server, gpus) part")
         m = self._emulated(model)
-        return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0])
+        return (
+            m.batch_size
+            * m.base_gpus
+            / self.iteration_s(model, config_parts[0][0])
+            / _pace(config_parts, shares)
+        )
 
     def reported_rate(self, model: str, server: Server) -> float:
         """Samples/s as the runtime reports them: batch / iteration time (no R1)."""
@@ -146,10 +155,17 @@ class EmulatedWorld:
             return TimeProfile(quarter, quarter, quarter, quarter, quarter + m.miss_s * scale, p_hit)
         return TimeProfile(quarter, quarter, quarter, quarter, quarter, 1.0)
 
-    def sample_rate(self, model: str, config_parts: Parts, rng: random.Random, rng_key: int = 0) -> float:
+    def sample_rate(
+        self,
+        model: str,
+        config_parts: Parts,
+        rng: random.Random,
+        rng_key: int = 0,
+        shares: Sequence[float] = (),
+    ) -> float:
         if not config_parts:
             raise ValueError("a configuration needs at least one (server, gpus) part")
-        return self.reported_rate(model, config_parts[0][0])
+        return self.reported_rate(model, config_parts[0][0]) / _pace(config_parts, shares)
 
     def calibration(self, server: Server) -> Calibration:
         speed = self.speed(server)
@@ -161,3 +177,14 @@ class EmulatedWorld:
             return self._models[name]
         except KeyError:
             raise ValueError(f"unknown model {name!r} in the emulated world") from None
+
+
+def _pace(config_parts: Parts, shares: Sequence[float]) -> float:
+    """How much longer than t(v) an iteration of the primary server takes under speed-balanced shares:
+    the example's work per step scales with its node's share of the global batch over an equal one
+    (examples/emulated_train.py: node_share x world GPUs / the node's GPUs); 1 with equal shares."""
+    world = sum(g for _, g in config_parts)
+    first = config_parts[0][1]
+    if len(shares) != world or first <= 0:
+        return 1.0
+    return sum(shares[:first]) * world / first

@@ -152,6 +152,7 @@ class _Run:
     base: float  # samples done when it launched
     token: int  # a scheduled end carries it; a stop changes it (the end is then void)
     stopped: bool = False
+    shares: tuple[float, ...] = ()  # each rank's share of the global batch, as the launch gave them
 
     def done_at(self, t: float) -> float:
         return self.base + self.rate * max(0.0, t - self.ready_at)
@@ -460,7 +461,7 @@ class Simulation:
         job = self.jobs[command.job_id]
         parts = [(self.by_id[s], g) for s, g in command.placement.parts]
         job.gpu_types.update(server.gpu_type for server, _ in parts)
-        rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
+        rate = self.world.true_rate(job.w.model, parts, job_key(job.spec.id), command.shares)
         start_s = job.spec.restart_s if self.options.launch_s is None else self.options.launch_s
         delay = start_s + (self._solver_delay if self.options.charge_solver else 0.0)
         run = _Run(
@@ -472,6 +473,7 @@ class Simulation:
             self.now + delay,
             job.done,
             self._token(),
+            shares=command.shares,
         )
         self.runs[run.attempt_id] = run
         promise = self._promises.pop(job.spec.id, None)
@@ -580,7 +582,9 @@ class Simulation:
             other = self._unseen_server(job.ran_on | here)
             if other is not None:
                 self._sample_error(job, Config.single(other.id, 1), [(other, 1)], False)
-            measured = self.world.sample_rate(job.w.model, parts, self.rng, rng_key=job_key(job.spec.id))
+            measured = self.world.sample_rate(
+                job.w.model, parts, self.rng, rng_key=job_key(job.spec.id), shares=run.shares
+            )
             job.ran_on.update(run.config.servers)
             job.last_observed = self.now
             done = min(job.spec.total_samples, run.done_at(self.now))

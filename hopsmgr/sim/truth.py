@@ -99,10 +99,21 @@ class World(Protocol):
     def models(self) -> tuple[TrueModel, ...]: ...
     def model(self, name: str) -> TrueModel: ...
     def gpu_types(self) -> tuple[str, ...]: ...
-    def true_rate(self, model: str, config_parts: Parts, rng_key: int = 0) -> float: ...
+    # shares: each rank's share of the global batch as the launch gave them (LaunchAttempt.shares; ()
+    # = equal); a world may take them into account or split the batch its own way
+    def true_rate(
+        self, model: str, config_parts: Parts, rng_key: int = 0, shares: Sequence[float] = ()
+    ) -> float: ...
     def reference_rate(self, model: str, gpus: int, gpu_type: str | None = None) -> float: ...
     def profile(self, model: str, server: Server, rng: random.Random, rng_key: int = 0) -> TimeProfile: ...
-    def sample_rate(self, model: str, config_parts: Parts, rng: random.Random, rng_key: int = 0) -> float: ...
+    def sample_rate(
+        self,
+        model: str,
+        config_parts: Parts,
+        rng: random.Random,
+        rng_key: int = 0,
+        shares: Sequence[float] = (),
+    ) -> float: ...
     def calibration(self, server: Server) -> Calibration: ...
 
 
@@ -177,7 +188,11 @@ class _BaseWorld:
             parts.append((server, min(per, gpus - i * per)))
         return parts
 
-    def true_rate(self, model: str, config_parts: Parts, rng_key: int = 0) -> float:
+    def true_rate(
+        self, model: str, config_parts: Parts, rng_key: int = 0, shares: Sequence[float] = ()
+    ) -> float:
+        """The rate of `model` on `config_parts` (a speed-balanced placement at the ideal split, whatever
+        `shares` the launch gave: see _balanced_shares)."""
         rate = self._memo_rate(model, config_parts, nominal=False)
         return rate * _job_factor(self.seed, self.model(model).name, rng_key) if rng_key else rate
 
@@ -335,7 +350,14 @@ class GavelWorld(_BaseWorld):
         tf, tb, tu = noisy(0.3 * t_iter), noisy(0.55 * t_iter), noisy(0.15 * t_iter)
         return TimeProfile(tf_s=tf, tb_s=tb, tu_s=tu, td_hit_s=td, td_miss_s=td)
 
-    def sample_rate(self, model: str, config_parts: Parts, rng: random.Random, rng_key: int = 0) -> float:
+    def sample_rate(
+        self,
+        model: str,
+        config_parts: Parts,
+        rng: random.Random,
+        rng_key: int = 0,
+        shares: Sequence[float] = (),
+    ) -> float:
         return self.true_rate(model, config_parts, rng_key) * math.exp(rng.gauss(0.0, 0.02))
 
     def calibration(self, server: Server) -> Calibration:
@@ -523,7 +545,14 @@ class PaperWorld(_BaseWorld):
             td_hit_sigma=0.1 * m.miss * pm.hit_ratio, td_miss_sigma=0.1 * m.miss,
         )  # fmt: skip
 
-    def sample_rate(self, model: str, config_parts: Parts, rng: random.Random, rng_key: int = 0) -> float:
+    def sample_rate(
+        self,
+        model: str,
+        config_parts: Parts,
+        rng: random.Random,
+        rng_key: int = 0,
+        shares: Sequence[float] = (),
+    ) -> float:
         """One measurement over ~50 iterations: noise grows with the model's data-loading variability."""
         pm = _PAPER_MODELS[self.model(model).name]
         cv = 0.01 + (1 - pm.hit_ratio) * math.sqrt(pm.p_hit * (1 - pm.p_hit) / 50)

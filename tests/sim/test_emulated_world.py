@@ -37,6 +37,20 @@ def test_gpu_count_does_not_change_the_rate_and_the_primary_sets_it() -> None:
     assert w.true_rate("plain", [(P100, 1), (A100, 1)]) == pytest.approx(16 * 0.6 / 0.1)
 
 
+def test_speed_balanced_shares_pace_the_primary_as_the_example_does() -> None:
+    w = world()
+    # shares in proportion to speed: the primary (A100) computes 1.3 / 0.95 of an equal share per step
+    # (examples/emulated_train.py: node_share x world GPUs / its GPUs), so both run at the mean pace
+    shares = (1.3 / 1.9, 0.6 / 1.9)
+    balanced = w.true_rate("plain", [(A100, 1), (P100, 1)], shares=shares)
+    assert balanced == pytest.approx(16 * (1.3 + 0.6) / 2 / 0.1)
+    measured = w.sample_rate("plain", [(A100, 1), (P100, 1)], random.Random(0), shares=shares)
+    assert measured == pytest.approx(balanced)
+    # equal shares, or shares that do not match the placement's GPUs, leave the primary's own pace
+    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(0.5, 0.5)) == pytest.approx(16 * 1.3 / 0.1)
+    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(1.0,)) == pytest.approx(16 * 1.3 / 0.1)
+
+
 def test_rigid_jobs_count_work_at_their_smallest_gpu_count_but_report_the_runtime_rate() -> None:
     w = world()
     assert w.true_rate("rigid2", [(A100, 2)]) == pytest.approx(2 * 16 * 1.3 / 0.1)

@@ -169,10 +169,12 @@ def create(
     notes: list[str] = []
 
     def mkdir(path: Path) -> None:
-        for d in (path.parent, path):
-            if not d.exists():
-                d.mkdir()
-                made.append(d)
+        path.parent.mkdir(exist_ok=True)  # shared by every attempt: made at most once, never removed
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return
+        made.append(path)
 
     try:
         if cg.unified is not None:
@@ -212,11 +214,11 @@ def create(
             elif controller == "devices" and deny_devices:
                 # a deny rule is an exception to allow-by-default; under a parent that denies by
                 # default and allows c 195:*, it would be accepted and change nothing
-                inherited = (path.parent / "devices.list").read_text().split("\n")[0].strip()
+                inherited = (path / "devices.list").read_text().split("\n")[0].strip()
                 if inherited != "a *:* rwm":
                     raise CgroupError(
-                        f"the devices hierarchy at {path.parent} does not allow by default "
-                        f"({inherited!r}): the node's other GPUs cannot be fenced off here"
+                        f"the devices cgroup {path} does not allow by default ({inherited!r}, from "
+                        "its parent): the node's other GPUs cannot be fenced off here"
                     )
                 for major, minor in deny_devices:
                     (path / "devices.deny").write_text(f"c {major}:{minor} rwm")

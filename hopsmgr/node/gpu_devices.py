@@ -94,9 +94,9 @@ def rules_for(env: Mapping[str, str], driver_gpus: Path = DRIVER_GPUS) -> Device
     if granted is None:
         return _all_fenced("no GPUs were granted to this attempt")
     ids = [part.strip() for part in granted.split(",")]
-    if not all(part.isdigit() and int(part) < len(gpus.counted) for part in ids) or len(set(ids)) != len(ids):
+    indices = [int(part) for part in ids if part.isascii() and part.isdigit()]
+    if len(indices) != len(ids) or len(set(indices)) != len(indices) or max(indices) >= len(gpus.counted):
         return _all_fenced(f"GPUs {granted!r} are not indices of this node's {len(gpus.counted)} GPUs")
-    indices = [int(part) for part in ids]
     allowed = {gpus.counted[i] for i in indices}
     deny = tuple((NVIDIA_MAJOR, m) for m in (*gpus.counted, *gpus.excluded) if m not in allowed)
     # CUDA then counts the granted GPUs alone, in bus (= index) order, from 0

@@ -26,7 +26,6 @@ Refusals print `hopsmgr-runas: refused: <why>` on stderr and exit 126.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import json
 import os
@@ -97,14 +96,25 @@ def load_policy(path: Path | None = None) -> Policy:
         raise Refused(f"{path}: workdirs must be a list of absolute paths")
     if not isinstance(nvidia_gpus, str) or not nvidia_gpus.startswith("/"):
         raise Refused(f"{path}: nvidia_gpus must be an absolute path, not {nvidia_gpus!r}")
-    if not nvidia_gpus.startswith("/proc/"):  # elsewhere only root may change what it lists
-        with contextlib.suppress(FileNotFoundError):
-            listing = os.lstat(nvidia_gpus)
-            if stat.S_ISLNK(listing.st_mode) or listing.st_uid != 0 or listing.st_mode & 0o022:
-                raise Refused(
-                    f"{path}: nvidia_gpus {nvidia_gpus} must be a directory of root's that no one else may write"
-                )
+    if os.path.normpath(nvidia_gpus) != nvidia_gpus or ".." in nvidia_gpus.split("/"):
+        raise Refused(f"{path}: nvidia_gpus must be a plain absolute path, not {nvidia_gpus!r}")
     return Policy(min_uid, tuple(workdirs), nvidia_gpus)
+
+
+def _gpu_listing(policy: Policy) -> Path:
+    """The policy's GPU listing, if only root may change it (checked when a job starts, not when one
+    is stopped: a stop must not fail on it)."""
+    listing = Path(policy.nvidia_gpus)
+    if listing.parts[:2] == ("/", "proc"):
+        return listing
+    try:
+        st = listing.lstat()
+    except FileNotFoundError:
+        return listing
+    real = os.path.realpath(listing)
+    if real != str(listing) or stat.S_ISLNK(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        raise Refused(f"nvidia_gpus {listing} must be a directory of root's that no one else may write")
+    return listing
 
 
 def command() -> list[str]:
@@ -268,27 +278,34 @@ def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
     hierarchies = cgroup.hierarchies()
     cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, hierarchies)
     limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
-    rules = gpu_devices.rules_for(env, Path(v.policy.nvidia_gpus))
+    rules = gpu_devices.rules_for(env, _gpu_listing(v.policy))
     fence = bool(rules.deny) and cg is not None and cgroup.enforces_devices(cg)
     notes: list[str] = []
+    made: cgroup.Made | None = None
     try:
         if cg is None:
             raise cgroup.CgroupError("no cgroup hierarchy is mounted")
         made = cgroup.create(cg, *limits, deny_devices=rules.deny if fence else (), where=hierarchies)
-        cgroup.enter(made)
         notes += made.notes
     except cgroup.CgroupError as exc:
         if limits != (None, None) or fence:
             raise Refused(str(exc)) from None
         notes.append(f"hopsmgr: no cgroup of its own ({exc}): stop reaches its process group only")
+    if made is not None:
+        try:
+            cgroup.enter(made)
+        except cgroup.CgroupError as exc:  # a stop removed them meanwhile: the job is not to run
+            raise Refused(str(exc)) from None
     if fence:
         env[nc.VISIBLE_DEVICES] = rules.visible or ""  # CUDA now counts the granted GPUs alone
         notes += [rules.note] if rules.note else []
     elif rules.deny:
+        if nc.VISIBLE_DEVICES not in env:
+            env[nc.VISIBLE_DEVICES] = ""  # granted none: CUDA is asked to show none
         notes.append(
             "hopsmgr: the node's other GPUs are not fenced off for this job (no cgroup v1 devices "
-            "hierarchy; cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES keeps "
-            "it to its GPUs"
+            "hierarchy; cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES "
+            f"({env[nc.VISIBLE_DEVICES]!r}) asks CUDA to keep to the GPUs granted"
         )
     for note in notes:
         os.write(log_fd, f"{note}\n".encode())

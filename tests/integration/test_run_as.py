@@ -257,7 +257,8 @@ def test_stop_reaches_every_process_of_the_job(
     sessions = {os.getsid(p) for p in live_processes(alice.pw_uid)}
     assert len(sessions) >= 2 and os.getsid(pid) in sessions  # one outside the job's session
     cg = cgroup.attempt_cgroup(attempt.parent.parent, attempt.name)
-    if cg is not None and cg.exists():
+    if cg is not None:  # the host has a hierarchy: the attempt must have been put in it
+        assert cg.exists(), cg
         assert set(live_processes(alice.pw_uid)) <= set(cg.members())
     assert cl.cli("cancel", job, token=tokens["alice"]).stdout.strip() == f"{job}: CANCELLED"
     wait_for(lambda: not live_processes(alice.pw_uid), 30, f"no process of {alice.pw_name} left")

@@ -102,6 +102,8 @@ def test_a_grant_that_cannot_be_mapped_fences_every_gpu(tmp_path: Path) -> None:
         ({"CUDA_VISIBLE_DEVICES": "GPU-1234"}, "not indices of this node's 2 GPUs"),
         ({"CUDA_VISIBLE_DEVICES": "2"}, "not indices"),
         ({"CUDA_VISIBLE_DEVICES": "0,0"}, "not indices"),
+        ({"CUDA_VISIBLE_DEVICES": "0,00"}, "not indices"),
+        ({"CUDA_VISIBLE_DEVICES": "\u00b2"}, "not indices"),
         ({"CUDA_VISIBLE_DEVICES": ""}, "not indices"),
     ):
         rules = gpu_devices.rules_for(env, driver)
@@ -133,10 +135,14 @@ def test_the_policy_names_the_gpu_listing(tmp_path: Path) -> None:
     listing.mkdir()
     os.chmod(listing, 0o777)
     policy.write_text(f'nvidia_gpus = "{listing}"\n')
+    loaded = runas.load_policy(policy)  # stop and cleanup read the policy too: they must not fail on it
     with pytest.raises(runas.Refused, match="no one else may write"):
-        runas.load_policy(policy)
+        runas._gpu_listing(loaded)  # a job's start does
     os.chmod(listing, 0o755)
-    assert runas.load_policy(policy).nvidia_gpus == str(listing)
+    assert runas._gpu_listing(loaded) == listing
+    policy.write_text(f'nvidia_gpus = "{listing}/../listing"\n')
+    with pytest.raises(runas.Refused, match="plain absolute path"):
+        runas.load_policy(policy)
 
 
 def test_the_job_counts_gpus_in_pci_bus_order(tmp_path: Path) -> None:
@@ -314,12 +320,61 @@ def test_a_fence_that_would_not_hold_is_refused_and_leaves_nothing(
         with pytest.raises(cgroup.CgroupError, match="does not allow by default"):
             cgroup.create(cg, 64, None, [(195, 1)], found)
         assert not cg.exists() and all(not d.parent.exists() for d in cg.dirs() if d.parent != parent)
-        # a cgroup removed between create and enter (a stop meanwhile): enter fails, nothing is entered
+        # a cgroup removed between create and enter (a stop meanwhile): enter fails (in a child, so
+        # that a regression could not move this test process into a cgroup)
         made = cgroup.create(cg, 64, None, (), found)
         assert cgroup.kill_and_remove(cg)
-        with pytest.raises(cgroup.CgroupError, match="cannot move into"):
-            cgroup.enter(made)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                cgroup.enter(made)
+                os._exit(0)
+            except cgroup.CgroupError as exc:
+                os._exit(3 if "cannot move into" in str(exc) else 4)
+            except BaseException:
+                os._exit(5)
+        assert os.waitpid(pid, 0)[1] >> 8 == 3
     finally:
         for d in [*cg.dirs(), *{d.parent for d in cg.dirs()}]:
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def test_the_step_refuses_a_job_it_cannot_fence_or_keep_in_its_cgroup(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """runas._enter_cgroups' decisions, with the cgroup calls faked (the real ones are tested above):
+    refuse when the fence or the entry fails; run without a cgroup, saying so, only when nothing
+    needed one; on a host that cannot fence, ask CUDA to show no GPUs to a job granted none."""
+    driver = fake_driver(tmp_path / "driver", {"0000:3b:00.0": 0, "0000:5e:00.0": 1})
+    verified = runas.Verified(
+        ops.Attempt(tmp_path / "w", "a-000001"), {}, pwd.getpwuid(os.getuid()), os.getgid(),
+        runas.Policy(nvidia_gpus=str(driver)),
+    )  # fmt: skip
+    fenced = cgroup.Hierarchies(tmp_path / "unified", {"devices": tmp_path / "devices"})
+    unfenced = cgroup.Hierarchies(tmp_path / "unified", {})
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
+
+    def fail(*args: object, **kw: object) -> None:
+        raise cgroup.CgroupError("refused by the kernel")
+
+    def start(where: cgroup.Hierarchies, env: dict[str, str]) -> dict[str, str]:
+        monkeypatch.setattr(cgroup, "hierarchies", lambda: where)
+        runas._enter_cgroups(verified, log, env)
+        return env
+
+    monkeypatch.setattr(cgroup, "create", fail)
+    with pytest.raises(runas.Refused, match="refused by the kernel"):
+        start(fenced, {"CUDA_VISIBLE_DEVICES": "1"})  # the fence is needed and cannot be set up
+    env = start(unfenced, {})  # nothing needs a cgroup: it runs, its log says how it runs
+    assert env == {"CUDA_VISIBLE_DEVICES": ""}
+    made = cgroup.Made((tmp_path / "gone",))
+    monkeypatch.setattr(cgroup, "create", lambda *a, **k: made)
+    monkeypatch.setattr(cgroup, "enter", fail)
+    with pytest.raises(runas.Refused):
+        start(unfenced, {"CUDA_VISIBLE_DEVICES": "0"})  # removed by a stop between create and enter
+    monkeypatch.setattr(cgroup, "enter", lambda m: None)
+    assert start(fenced, {"CUDA_VISIBLE_DEVICES": "1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    os.close(log)
+    text = (tmp_path / "log").read_text()
+    assert "no cgroup of its own (refused by the kernel)" in text and "not fenced off" in text

@@ -179,7 +179,7 @@ def create(
     try:
         if cg.unified is not None:
             root = cg.unified.parent.parent
-            mkdir(cg.unified.parent)
+            cg.unified.parent.mkdir(exist_ok=True)  # shared: never rolled back
             for level in (root, cg.unified.parent):
                 enabled = set((level / "cgroup.subtree_control").read_text().split())
                 for name in sorted(v2_needed - enabled):

@@ -13,12 +13,16 @@ Our implementation of the published mechanism (BASELINES.md), not of Gavel's cod
   unique; a second LP keeps t at its optimum and maximises the sum of the same normalised terms, so spare
   capacity goes where it helps most (still an optimal solution of Gavel's program). Gavel re-solves on
   arrivals and completions; re-solving every round gives the same allocations here.
-- Priority of (job, type) = X[i][j] / (fraction of wall time the job held type j since the last reset),
-  infinite when it has received none; pairs with X = 0 rank last (priority 0) so idle GPUs still get
-  used. Received time is credited from the snapshots: the time between two plan calls goes to the type
-  each running job holds in the later snapshot (what it held over that interval). Counters reset every
-  `reset_s`; a deficit per (job, type) (X times wall time, minus time received) runs across resets and
-  breaks ties, first among the infinite priorities right after a reset. Deficits never reset.
+- Priority of (job, type) = X[i][j] / (the job's fraction of type j's time since the last reset), as
+  Gavel's simulator counts it: GPU-seconds (a job on 4 GPUs receives 4 s per second, as each of its
+  workers reports its time) over those of every job on the type, each job starting with half a round
+  on every type (so a new job's fraction is small, not zero); pairs with X = 0 rank last (priority 0)
+  so idle GPUs still get used. Received time is credited from the snapshots: the time between two plan
+  calls goes to the type each running job holds in the later snapshot (what it held over that
+  interval). Counters reset every `reset_s` (Gavel: at the first allocation update after it); a
+  deficit per (job, type) (X times wall time, minus GPU-seconds received: Gavel's units) runs across
+  resets and breaks ties. Deficits never reset. (An earlier version took the fraction of wall time the
+  job held the type, which favoured wide jobs by their width against Gavel's own simulator.)
 - Queue order "latency_ratio" (the Hops comparison's variant): jobs by latency ratio, each trying its
   types by X (then T).
 - Round: pairs in order, each job at most once, while its type has sf_i GPUs left. Placement is greedy:
@@ -77,12 +81,15 @@ class Allocation:
 
 @dataclass(slots=True)
 class _Ledger:
-    """Time accounting across plan calls (per job: wall time present, time held per type, deficits)."""
+    """Time accounting across plan calls, as Gavel's simulator keeps it: per job and type, the GPU-seconds
+    it received since the last reset plus half a round (every job starts with it); per type, the
+    GPU-seconds all jobs received there since the reset plus the half rounds given at the reset;
+    deficits (time due at X minus GPU-seconds received, never reset)."""
 
     last_now: float | None = None
     reset_at: float = 0.0
-    active: dict[JobId, float] = field(default_factory=dict)
     received: dict[JobId, dict[GpuType, float]] = field(default_factory=dict)
+    type_total: dict[GpuType, float] = field(default_factory=dict)
     deficit: dict[JobId, dict[GpuType, float]] = field(default_factory=dict)
     x: dict[JobId, dict[GpuType, float]] = field(default_factory=dict)
 
@@ -237,41 +244,46 @@ class GavelPolicy:
     def _account(self, snapshot: ClusterSnapshot, servers: Mapping[ServerId, Server]) -> None:
         ledger = self._ledger
         now = snapshot.now
+        half = self.round_seconds / 2.0
+        types = sorted({s.gpu_type for s in snapshot.servers})
         present = {v.id for v in snapshot.jobs}
-        for table in (ledger.active, ledger.received, ledger.deficit, ledger.x):
+        for table in (ledger.received, ledger.deficit, ledger.x):
             for jid in [j for j in table if j not in present]:
-                del table[jid]
-        if ledger.last_now is None:
-            ledger.reset_at = now
-        elif now > ledger.last_now:
+                del table[jid]  # a job that left keeps its GPU-seconds in the type totals until the reset
+        if ledger.last_now is not None and now > ledger.last_now:
             dt = now - ledger.last_now
             for view in snapshot.jobs:
                 span = min(dt, max(0.0, now - view.spec.submit_time))
                 if span <= 0:
                     continue
-                ledger.active[view.id] = ledger.active.get(view.id, 0.0) + span
                 held = held_type(view.current, servers)
-                received = ledger.received.setdefault(view.id, {})
                 deficit = ledger.deficit.setdefault(view.id, {})
-                if held is not None:
-                    received[held] = received.get(held, 0.0) + span
-                    deficit[held] = deficit.get(held, 0.0) - span
+                if held is not None and view.current is not None:
+                    used = view.current.gpus * span  # every worker's time counts, as in Gavel's simulator
+                    received = ledger.received.setdefault(view.id, {t: half for t in types})
+                    received[held] = received.get(held, half) + used
+                    ledger.type_total[held] = ledger.type_total.get(held, 0.0) + used
+                    deficit[held] = deficit.get(held, 0.0) - used
                 for gpu_type, share in ledger.x.get(view.id, {}).items():
                     deficit[gpu_type] = deficit.get(gpu_type, 0.0) + share * span
-        ledger.last_now = now if ledger.last_now is None else max(ledger.last_now, now)
-        if now - ledger.reset_at >= self.reset_s:
-            ledger.active.clear()
-            ledger.received.clear()
+        first = ledger.last_now is None
+        ledger.last_now = now if first else max(ledger.last_now or now, now)
+        if first or now - ledger.reset_at >= self.reset_s:
+            ledger.received = {v.id: {t: half for t in types} for v in snapshot.jobs}
+            ledger.type_total = {t: half * len(snapshot.jobs) for t in types}
             ledger.reset_at = now
+        for view in snapshot.jobs:  # a job new since the reset starts with half a round on every type
+            ledger.received.setdefault(view.id, {t: half for t in types})
 
     def priority(self, job_id: JobId, gpu_type: GpuType) -> float:
-        """X[i][j] / received fraction since the last reset; inf if none received, 0 if X is 0."""
+        """X[i][j] / the job's fraction of the GPU-seconds given on type j since the last reset (Gavel's
+        simulator's accounting, half a round each to start); inf if the type has none; 0 if X is 0."""
         share = self._ledger.x.get(job_id, {}).get(gpu_type, 0.0)
         if share <= _EPS:
             return 0.0
-        active = self._ledger.active.get(job_id, 0.0)
+        total = self._ledger.type_total.get(gpu_type, 0.0)
         received = self._ledger.received.get(job_id, {}).get(gpu_type, 0.0)
-        fraction = received / active if active > 0 else 0.0
+        fraction = received / total if total > 0 else 0.0
         return math.inf if fraction <= 0 else share / fraction
 
     # -- planning ---------------------------------------------------------------------------------
@@ -369,7 +381,7 @@ class GavelPolicy:
             infinite = math.isinf(prio)
             return (
                 0.0 if infinite else 1.0,
-                0.0 if infinite else -prio,
+                0.0 if infinite else -round(prio, 4),  # LP noise (1e-6 in X) is no priority
                 -round(deficit, 3),  # seconds; rounding keeps LP noise out of the tie-breaks
                 -round(share(jid, gpu_type), 4),
                 views[jid].spec.submit_time,

@@ -147,13 +147,19 @@ def build_snapshot(
 
 
 def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:
-    """Usable GPUs no attempt holds."""
-    held = state.held()
+    """Usable GPUs no attempt holds (ControlState.held's claims, read per node: asked after every
+    event that may free GPUs, so without building the whole map)."""
+    claimed_now, claimed_after = state.claimed_now, state.claimed_after
     idle = 0
     for node in state.nodes.values():
-        recent_error = now - node.exec_error_at < backoff_s
-        if node.health == NodeHealth.HEALTHY and not node.drained and not recent_error:
-            idle += max(0, node.usable_gpus - held.get(node.server.id, 0))
+        if node.health != NodeHealth.HEALTHY or node.drained or now - node.exec_error_at < backoff_s:
+            continue
+        sid = node.server.id
+        held = claimed_now.get(sid, 0)
+        after = claimed_after.get(sid, 0)
+        free = node.usable_gpus - (after if after > held else held)
+        if free > 0:
+            idle += free
     return idle
 
 

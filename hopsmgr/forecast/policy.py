@@ -64,8 +64,9 @@ class ForecastPolicy:
         self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
         # fixed_rates (a future: its estimator learns nothing and its servers stay): each job's seconds
-        # per sample are computed once for all its plans
+        # per sample, and whether it is profiled on a type of the cluster, are found once for all plans
         self.per_sample: dict[str, float] | None = {} if fixed_rates else None
+        self._profiled: dict[str, bool] | None = {} if fixed_rates else None  # only True is kept
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
         t0 = timer()
@@ -74,7 +75,7 @@ class ForecastPolicy:
         free = dict(capacity)
         total = sum(capacity.values())
         values, owed, ordered = queue_order(snapshot, estimator, self.settings, self.per_sample)
-        placeable = [v for v in ordered if _profiled(v.spec, by_type, estimator)]
+        placeable = [v for v in ordered if self._is_profiled(v.spec, by_type, estimator)]
         assignments: dict[str, Config] = {}
         keep_only: set[str] = set()  # running jobs behind the window: what they hold, or nothing
         if kind == "first":
@@ -128,6 +129,17 @@ class ForecastPolicy:
             stats=SolverStats(method="greedy", model="forecast", solve_s=t1 - t0, total_s=t1 - t0),
             idle_gpus=idle_after(capacity, assignments),
         )
+
+    def _is_profiled(self, job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], est: Estimator) -> bool:
+        memo = self._profiled
+        if memo is None:
+            return _profiled(job, by_type, est)
+        if job.id in memo:
+            return True
+        found = _profiled(job, by_type, est)
+        if found:  # only a yes is kept: a job without a profile yet may get one
+            memo[job.id] = True
+        return found
 
 
 def _profiled(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], est: Estimator) -> bool:

@@ -66,7 +66,7 @@ class ForecastPolicy:
         # fixed_rates (a future: its estimator learns nothing and its servers stay): each job's seconds
         # per sample, and whether it is profiled on a type of the cluster, are found once for all plans
         self.per_sample: dict[str, float] | None = {} if fixed_rates else None
-        self._profiled: dict[str, bool] | None = {} if fixed_rates else None  # only True is kept
+        self._profiled: dict[str, frozenset[str]] | None = {} if fixed_rates else None
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
         t0 = timer()
@@ -134,12 +134,12 @@ class ForecastPolicy:
         memo = self._profiled
         if memo is None:
             return _profiled(job, by_type, est)
-        if job.id in memo:
-            return True
-        found = _profiled(job, by_type, est)
-        if found:  # only a yes is kept: a job without a profile yet may get one
-            memo[job.id] = True
-        return found
+        types = memo.get(job.id)
+        if types is None:
+            types = frozenset(est.profiled_types(job.id))
+            if types:  # only once profiled: a job without a profile yet may get one
+                memo[job.id] = types
+        return any(t in by_type for t in types)
 
 
 def _profiled(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], est: Estimator) -> bool:

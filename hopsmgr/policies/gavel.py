@@ -13,16 +13,17 @@ Our implementation of the published mechanism (BASELINES.md), not of Gavel's cod
   unique; a second LP keeps t at its optimum and maximises the sum of the same normalised terms, so spare
   capacity goes where it helps most (still an optimal solution of Gavel's program). Gavel re-solves on
   arrivals and completions; re-solving every round gives the same allocations here.
-- Priority of (job, type) = X[i][j] / (the job's fraction of type j's time since the last reset), as
-  Gavel's simulator counts it: GPU-seconds (a job on 4 GPUs receives 4 s per second, as each of its
-  workers reports its time) over those of every job on the type, each job starting with half a round
-  on every type (so a new job's fraction is small, not zero); pairs with X = 0 rank last (priority 0)
-  so idle GPUs still get used. Received time is credited from the snapshots: the time between two plan
-  calls goes to the type each running job holds in the later snapshot (what it held over that
-  interval). Counters reset every `reset_s` (Gavel: at the first allocation update after it); a
-  deficit per (job, type) (X times wall time, minus GPU-seconds received: Gavel's units) runs across
-  resets and breaks ties. Deficits never reset. (An earlier version took the fraction of wall time the
-  job held the type, which favoured wide jobs by their width against Gavel's own simulator.)
+- Priority of (job, type) = X[i][j] / (the job's share of type j's time since the last reset), as
+  Gavel's simulator counts it: the job's time on the type (once, whatever its width) over the sum of
+  every job's time there, each job starting with half a round on every type (so a new job's share is
+  small, not zero; a job that arrives after a reset adds its half round to the total only at the next
+  one); pairs with X = 0 rank last (priority 0) so idle GPUs still get used. Received time is credited
+  from the snapshots: the time between two plan calls goes to the type each running job holds in the
+  later snapshot (what it held over that interval). Counters reset every `reset_s`; Gavel's simulator
+  resets at the first allocation update (an arrival or a completion) after that, which on busy traces
+  is the next round. A deficit per (job, type) (X times wall time, minus time received) runs across
+  resets and breaks ties. Deficits never reset. (An earlier version divided by the wall time since the
+  reset instead of by the type's total: against Gavel's simulator it favoured wide jobs.)
 - Queue order "latency_ratio" (the Hops comparison's variant): jobs by latency ratio, each trying its
   types by X (then T).
 - Round: pairs in order, each job at most once, while its type has sf_i GPUs left. Placement is greedy:
@@ -81,10 +82,10 @@ class Allocation:
 
 @dataclass(slots=True)
 class _Ledger:
-    """Time accounting across plan calls, as Gavel's simulator keeps it: per job and type, the GPU-seconds
-    it received since the last reset plus half a round (every job starts with it); per type, the
-    GPU-seconds all jobs received there since the reset plus the half rounds given at the reset;
-    deficits (time due at X minus GPU-seconds received, never reset)."""
+    """Time accounting across plan calls, as Gavel's simulator keeps it: per job and type, the wall time
+    it ran there since the last reset plus half a round (every job starts with it); per type, the sum
+    of all jobs' times there since the reset plus the half rounds given at the reset; deficits (time
+    due at X minus time received, never reset)."""
 
     last_now: float | None = None
     reset_at: float = 0.0
@@ -258,12 +259,11 @@ class GavelPolicy:
                     continue
                 held = held_type(view.current, servers)
                 deficit = ledger.deficit.setdefault(view.id, {})
-                if held is not None and view.current is not None:
-                    used = view.current.gpus * span  # every worker's time counts, as in Gavel's simulator
+                if held is not None:  # a job's wall time, once whatever its width (Gavel's simulator)
                     received = ledger.received.setdefault(view.id, {t: half for t in types})
-                    received[held] = received.get(held, half) + used
-                    ledger.type_total[held] = ledger.type_total.get(held, 0.0) + used
-                    deficit[held] = deficit.get(held, 0.0) - used
+                    received[held] = received.get(held, half) + span
+                    ledger.type_total[held] = ledger.type_total.get(held, 0.0) + span
+                    deficit[held] = deficit.get(held, 0.0) - span
                 for gpu_type, share in ledger.x.get(view.id, {}).items():
                     deficit[gpu_type] = deficit.get(gpu_type, 0.0) + share * span
         first = ledger.last_now is None
@@ -276,9 +276,10 @@ class GavelPolicy:
             ledger.received.setdefault(view.id, {t: half for t in types})
 
     def priority(self, job_id: JobId, gpu_type: GpuType) -> float:
-        """X[i][j] / the job's fraction of the GPU-seconds given on type j since the last reset (Gavel's
-        simulator's accounting, half a round each to start); inf if the type has none; 0 if X is 0."""
-        share = self._ledger.x.get(job_id, {}).get(gpu_type, 0.0)
+        """X[i][j] / the job's share of all jobs' time on type j since the last reset (Gavel's
+        simulator's accounting, half a round each to start); inf if the type has none; 0 if X is 0.
+        X is rounded to 5 decimals first: LP noise (1e-6) is no priority."""
+        share = round(self._ledger.x.get(job_id, {}).get(gpu_type, 0.0), 5)
         if share <= _EPS:
             return 0.0
         total = self._ledger.type_total.get(gpu_type, 0.0)
@@ -381,7 +382,7 @@ class GavelPolicy:
             infinite = math.isinf(prio)
             return (
                 0.0 if infinite else 1.0,
-                0.0 if infinite else -round(prio, 4),  # LP noise (1e-6 in X) is no priority
+                0.0 if infinite else -prio,
                 -round(deficit, 3),  # seconds; rounding keeps LP noise out of the tie-breaks
                 -round(share(jid, gpu_type), 4),
                 views[jid].spec.submit_time,

@@ -109,10 +109,12 @@ class EmulatedWorld:
             raise ValueError(f"server {server.id!r} ({server.gpu_type}) has no emulated speed")
         return speed
 
-    def iteration_s(self, model: str, server: Server) -> float:
-        """One iteration of `model` on `server`: t(v) of the module docstring."""
+    def iteration_s(self, model: str, server: Server, pace: float = 1.0) -> float:
+        """One iteration of `model` on `server`: t(v) of the module docstring; with `pace` (`_pace`) the
+        step's work scaled by the node's share of the batch, as the example scales it (not its misses)."""
         m = self._emulated(model)
-        return m.work_s() / self.speed(server) * (1.0 + self.step_overhead)
+        misses = m.miss_s / m.miss_every if m.miss_every > 0 else 0.0
+        return (m.step_s * pace + misses) / self.speed(server) * (1.0 + self.step_overhead)
 
     def true_rate(
         self, model: str, config_parts: Parts, rng_key: int = 0, shares: Sequence[float] = ()
@@ -120,12 +122,8 @@ class EmulatedWorld:
         if not config_parts:
             raise ValueError("a configuration needs at least one (server, gpus) part")
         m = self._emulated(model)
-        return (
-            m.batch_size
-            * m.base_gpus
-            / self.iteration_s(model, config_parts[0][0])
-            / _pace(config_parts, shares)
-        )
+        pace = _pace(config_parts, shares)
+        return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0], pace)
 
     def reported_rate(self, model: str, server: Server) -> float:
         """Samples/s as the runtime reports them: batch / iteration time (no R1)."""
@@ -165,7 +163,8 @@ class EmulatedWorld:
     ) -> float:
         if not config_parts:
             raise ValueError("a configuration needs at least one (server, gpus) part")
-        return self.reported_rate(model, config_parts[0][0]) / _pace(config_parts, shares)
+        pace = _pace(config_parts, shares)
+        return self._emulated(model).batch_size / self.iteration_s(model, config_parts[0][0], pace)
 
     def calibration(self, server: Server) -> Calibration:
         speed = self.speed(server)
@@ -180,9 +179,9 @@ class EmulatedWorld:
 
 
 def _pace(config_parts: Parts, shares: Sequence[float]) -> float:
-    """How much longer than t(v) an iteration of the primary server takes under speed-balanced shares:
-    the example's work per step scales with its node's share of the global batch over an equal one
-    (examples/emulated_train.py: node_share x world GPUs / the node's GPUs); 1 with equal shares."""
+    """The factor on the primary server's step work under speed-balanced shares: the example's work per
+    step scales with its node's share of the global batch over an equal one (examples/emulated_train.py:
+    node_share x world GPUs / the node's GPUs; its misses are not scaled); 1 with equal shares."""
     world = sum(g for _, g in config_parts)
     first = config_parts[0][1]
     if len(shares) != world or first <= 0:

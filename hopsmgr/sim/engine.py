@@ -578,7 +578,7 @@ class Simulation:
                 continue
             parts = [(self.by_id[s], g) for s, g in run.config.parts]
             here = set(run.config.servers)
-            self._sample_error(job, run.config, parts, here <= job.ran_on)
+            self._sample_error(job, run.config, parts, here <= job.ran_on, run.shares)
             other = self._unseen_server(job.ran_on | here)
             if other is not None:
                 self._sample_error(job, Config.single(other.id, 1), [(other, 1)], False)
@@ -603,10 +603,15 @@ class Simulation:
         return self.rng.choice(unseen) if unseen else None
 
     def _sample_error(
-        self, job: _JobTruth, config: Config, parts: list[tuple[Server, int]], seen: bool
+        self,
+        job: _JobTruth,
+        config: Config,
+        parts: list[tuple[Server, int]],
+        seen: bool,
+        shares: tuple[float, ...] = (),
     ) -> None:
         predicted = self.machine.estimator.config_rate(job.spec, config, self.by_id)
-        true = self.world.true_rate(job.w.model, parts, job_key(job.spec.id))
+        true = self.world.true_rate(job.w.model, parts, job_key(job.spec.id), shares)
         if predicted is not None and true > 0:
             self.samples.append(EstimatorSample(self.now, abs(predicted - true) / true, seen))
 

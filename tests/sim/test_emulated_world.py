@@ -49,6 +49,10 @@ def test_speed_balanced_shares_pace_the_primary_as_the_example_does() -> None:
     # equal shares, or shares that do not match the placement's GPUs, leave the primary's own pace
     assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(0.5, 0.5)) == pytest.approx(16 * 1.3 / 0.1)
     assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(1.0,)) == pytest.approx(16 * 1.3 / 0.1)
+    # the example scales the step's work by the share, not its misses (every 4th iteration 0.2 s more)
+    pace = (1.3 / 1.9) * 2
+    step = (0.1 * pace + 0.2 / 4) / 1.3
+    assert w.true_rate("misses", [(A100, 1), (P100, 1)], shares=shares) == pytest.approx(16 / step)
 
 
 def test_rigid_jobs_count_work_at_their_smallest_gpu_count_but_report_the_runtime_rate() -> None:

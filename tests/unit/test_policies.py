@@ -197,15 +197,16 @@ def test_gavel_starved_job_beats_a_served_one_after_joining() -> None:
     snap = replace(snap, jobs=(*snap.jobs, JobView(jobs[1], waited_s=220.0)))
     plan = policy.plan(snap, est, "first", no_time)
     assert list(plan.assignments) == ["new"]
-    # as in Gavel's simulator, the new job starts with half a round (180 of the type's 1,620 GPU-s)
-    assert policy.priority("new", "v100") == pytest.approx(0.5 / (180 / 1620), rel=1e-4)
-    assert policy.priority("old", "v100") == pytest.approx(0.5 / (1620 / 1620), rel=1e-4)
+    # as in Gavel's simulator, the new job starts with half a round (180 s of the type's 900 s: the old
+    # job's half round and its two rounds)
+    assert policy.priority("new", "v100") == pytest.approx(0.5 / (180 / 900), rel=1e-4)
+    assert policy.priority("old", "v100") == pytest.approx(0.5 / (900 / 900), rel=1e-4)
     assert plan.priorities["new"] > plan.priorities["old"]
 
 
-def test_gavel_counts_received_time_in_gpu_seconds_as_its_simulator_does() -> None:
-    # a 4-GPU and a 1-GPU job both run a whole round: the wide one received 4x the GPU-seconds, so its
-    # fraction of the type is larger and its priority lower (Gavel's simulator: each worker's time)
+def test_gavel_counts_received_time_as_its_simulator_does() -> None:
+    # a 4-GPU and a 1-GPU job both run a whole round: each received the round once, whatever its width;
+    # its share is over the sum of all jobs' times on the type plus their half rounds (Gavel's simulator)
     servers = [Server("s0", "v100", 4), Server("s1", "v100", 1)]
     jobs = [spec("wide", [4]), spec("narrow", [1])]
     est = estimator({j.id: {"v100": 1.0} for j in jobs})
@@ -213,10 +214,11 @@ def test_gavel_counts_received_time_in_gpu_seconds_as_its_simulator_does() -> No
     snap = snapshot(servers, [JobView(j) for j in jobs])
     snap = applied(snap, policy.plan(snap, est, "first", no_time), 360.0)
     policy.plan(snap, est, "first", no_time)
-    total = 2 * 180 + 4 * 360 + 1 * 360
+    total = 2 * 180 + 360 + 360
     x_wide, x_narrow = (policy._ledger.x[j]["v100"] for j in ("wide", "narrow"))
-    assert policy.priority("wide", "v100") == pytest.approx(x_wide / ((180 + 4 * 360) / total), rel=1e-4)
+    assert policy.priority("wide", "v100") == pytest.approx(x_wide / ((180 + 360) / total), rel=1e-4)
     assert policy.priority("narrow", "v100") == pytest.approx(x_narrow / ((180 + 360) / total), rel=1e-4)
+    assert policy._ledger.received["wide"]["v100"] == policy._ledger.received["narrow"]["v100"] == 540
 
 
 def test_gavel_keeps_a_selected_job_on_its_previous_gpus() -> None:

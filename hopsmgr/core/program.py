@@ -66,20 +66,13 @@ def protected(view: JobView, min_attempt_s: float) -> bool:
     return view.current is not None and view.attempt_s < min_attempt_s + 2 * view.spec.restart_s
 
 
-def restart_factor(
-    settings: SchedulerSettings, restart_s: float, lost_s: float | None = None, left_s: float | None = None
-) -> float:
+def restart_factor(settings: SchedulerSettings, restart_s: float, lost_s: float | None = None) -> float:
     """[ours] The share of throughput left after a (re)start: a launch loses `lost_s` (default: its
-    `restart_s`) out of the time it is sure to keep its GPUs (`horizon_s`), or, for a job with only
-    `left_s` of work left at the new rate, out of its remaining life `left_s + lost_s` (a move of a
-    job about to finish delays it by `lost_s` and gains almost nothing)."""
+    `restart_s`) out of the time it is sure to keep its GPUs (`horizon_s`)."""
     lost = restart_s if lost_s is None else lost_s
     if lost <= 0 or not settings.restart_penalty:
         return 1.0
-    horizon = horizon_s(settings, restart_s)
-    if left_s is not None and left_s >= 0:
-        horizon = min(horizon, left_s + lost)
-    return max(0.0, 1.0 - lost / horizon)
+    return max(0.0, 1.0 - lost / horizon_s(settings, restart_s))
 
 
 def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> float:
@@ -91,8 +84,7 @@ def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> flo
         gain *= restart_factor(state.settings, view.spec.restart_s)
     elif moved:
         lost = preemption_cost_s(view.spec) if state.settings.preemption_cost else None
-        left = view.remaining_samples / rate if rate > 0 else None
-        gain *= restart_factor(state.settings, view.spec.restart_s, lost, left)
+        gain *= restart_factor(state.settings, view.spec.restart_s, lost)
     return state.weights.get(view.id, 1.0) * gain + state.hold_value.get(view.id, 0.0)
 
 

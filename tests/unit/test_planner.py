@@ -146,14 +146,11 @@ def moving_round(
     speed: float = 3.0,
     min_attempt_s: float = 0.0,
     preemption_cost: bool = True,
-    left_samples: float | None = None,
 ) -> Plan:
     # j runs on the slow a0 (an old attempt: not protected); the idle f1 (type `fast`) has `speed` x the
     # compute: moving multiplies the rate by `speed`.
     servers = [srv("a0", 2, 1.0, order=0), srv("f1", 2, speed, gpu_type=fast, order=1)]
-    job_spec = spec("j", 2, restart_s=60.0)
-    done = 0.0 if left_samples is None else job_spec.total_samples - left_samples
-    job = JobView(job_spec, current=C(a0=2), running_s=600.0, attempt_s=600.0, done_samples=done)
+    job = JobView(spec("j", 2, restart_s=60.0), current=C(a0=2), running_s=600.0, attempt_s=600.0)
     settings_ = SchedulerSettings(
         solver=solver,  # type: ignore[arg-type]
         gap=0.0,
@@ -183,13 +180,6 @@ def test_running_job_keeps_its_configuration_when_the_restart_costs_more(solver:
     # Without the penalty the same round moves it.
     plan = moving_round(150.0, restart_penalty=False, solver=solver, fast=fast, speed=1.5)
     assert plan.assignments == {"j": C(f1=2)}
-
-
-@pytest.mark.parametrize(("solver", "fast"), MOVES)
-def test_a_job_about_to_finish_is_not_moved_for_speed(solver: str, fast: str) -> None:
-    # the move that pays for a long job (above) only delays one with a few samples left: over its
-    # remaining life (left + 65 s) the restart factor is about 0
-    assert moving_round(300.0, solver=solver, fast=fast, left_samples=10.0).assignments == {"j": C(a0=2)}
 
 
 def test_restart_penalty_threshold() -> None:

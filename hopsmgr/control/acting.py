@@ -65,7 +65,7 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
     }
     if plan.kind == "fragment":
         desired = {**current, **{j: c for j, c in desired.items() if j not in current}}
-    desired.update(views.pinned_placements(state))  # never preempted: they keep what they hold
+    desired.update(views.pinned_placements(state, current))  # never preempted: they keep what they hold
     profile_runs: dict[str, ProfilingRun] = {}
     for r in runs:
         job = state.jobs.get(r.job_id)
@@ -73,8 +73,8 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
             key = f"{r.job_id}{_PROFILE_KEY}{r.gpu_type}"
             desired[key] = Config.single(r.server_id, 1)
             profile_runs[key] = r
-    capacity = views.usable_capacity(state, m.now, m.settings.exec_error_backoff_s)
-    resumable = frozenset(j.id for j in state.jobs.values() if j.has_checkpoint)
+    capacity = views.usable_capacity(state, m.now, m.settings.exec_error_backoff_s, current)
+    resumable = frozenset(j for j in desired if j in state.jobs and state.jobs[j].has_checkpoint)
     try:
         actions = reconcile(current, desired, capacity, resumable)
     except ReconcileError:

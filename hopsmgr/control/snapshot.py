@@ -17,21 +17,24 @@ from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, ServerId
 
 PLACED = (JobState.RUNNING, JobState.LAUNCHING)
+Placements = dict[JobId, Config]
 
 
-def fixed_gpus(state: ControlState) -> dict[ServerId, int]:
+def fixed_gpus(state: ControlState, current: Placements | None = None) -> dict[ServerId, int]:
     """GPUs the planner cannot use: all claimed GPUs (ControlState.held) but those of current placements
     (profiling, stopping and waiting attempts, such as a move's new half)."""
     held = state.held()
-    for config in current_placements(state).values():
+    for config in (current_placements(state) if current is None else current).values():
         for sid, g in config.parts:
             held[sid] = held.get(sid, 0) - g
     return held
 
 
-def usable_capacity(state: ControlState, now: float, backoff_s: float) -> dict[ServerId, int]:
+def usable_capacity(
+    state: ControlState, now: float, backoff_s: float, current: Placements | None = None
+) -> dict[ServerId, int]:
     held = state.held()
-    fixed = fixed_gpus(state)
+    fixed = fixed_gpus(state, current)
     capacity: dict[ServerId, int] = {}
     for node in state.nodes.values():
         recent_error = now - node.exec_error_at < backoff_s
@@ -43,23 +46,27 @@ def usable_capacity(state: ControlState, now: float, backoff_s: float) -> dict[S
     return capacity
 
 
-def current_placements(state: ControlState) -> dict[JobId, Config]:
+def current_placements(state: ControlState) -> Placements:
     """Jobs placed now (launching or running, not being stopped; or half-way through a move, their
-    checkpoint written and the new attempt waiting for other stops) and their configurations."""
-    current: dict[JobId, Config] = {}
-    for job in state.jobs.values():
-        if job.attempt is not None and job.state in PLACED:
-            attempt = state.attempts[job.attempt]
-            if not attempt.stopping:
+    checkpoint written and the new attempt waiting for other stops) and their configurations. From
+    the open attempts, not the jobs: at scale most jobs wait and have none."""
+    current: Placements = {}
+    jobs = state.jobs
+    for attempt in state.attempts.values():
+        job = jobs.get(attempt.job_id)
+        if job is None:
+            continue
+        if job.attempt == attempt.id:
+            if job.state in PLACED and not attempt.stopping:
                 current[job.id] = attempt.placement
-        elif job.attempt is None and job.moving_to is not None and job.moving_to in state.attempts:
-            current[job.id] = state.attempts[job.moving_to].placement
+        elif job.attempt is None and job.moving_to == attempt.id:
+            current[job.id] = attempt.placement
     return current
 
 
-def pinned_placements(state: ControlState) -> dict[JobId, Config]:
+def pinned_placements(state: ControlState, current: Placements | None = None) -> Placements:
     """Placed jobs a plan may not stop, move or resize, and their configurations."""
-    current = current_placements(state)
+    current = current_placements(state) if current is None else current
     return {j: c for j, c in current.items() if not state.jobs[j].spec.preemptible}
 
 
@@ -102,8 +109,9 @@ def build_snapshot(
     state: ControlState, now: float, backoff_s: float, half_life_h: float = 24.0
 ) -> ClusterSnapshot:
     views: list[JobView] = []
-    pinned = pinned_placements(state)
-    capacity = usable_capacity(state, now, backoff_s)
+    current = current_placements(state)
+    pinned = pinned_placements(state, current)
+    capacity = usable_capacity(state, now, backoff_s, current)
     for config in pinned.values():
         for sid, g in config.parts:
             capacity[sid] = max(0, capacity.get(sid, 0) - g)

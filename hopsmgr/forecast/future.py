@@ -364,10 +364,12 @@ def capture(
     window_s: float = 6 * 3600.0,
     next_round: float | None = None,
     copy_records: bool = True,
+    with_estimator: bool = True,
 ) -> LiveState:
     """A copy of the machine's state at `now` that a forecast can run from (in another thread). With
     `copy_records` false its jobs and attempts are the machine's own objects: only for a caller that
-    copies the result at once (pickles it for a worker process) before the machine changes them."""
+    copies the result at once (pickles it for a worker process) before the machine changes them.
+    Without `with_estimator` its estimator state is left empty (for a worker that keeps its own copy)."""
     state = machine.state
     s = machine.settings
     healthy = frozenset(
@@ -389,7 +391,7 @@ def capture(
         jobs=tuple(copy.deepcopy(jobs) if copy_records else jobs),
         attempts=tuple(copy.deepcopy(attempts) if copy_records else attempts),
         attempt_seq=machine.attempt_seq,
-        estimator=machine.estimator.export_state(),
+        estimator=machine.estimator.export_state() if with_estimator else {},
         recent=tuple(recent),
         window_s=window_s,
         round_s=round_s,

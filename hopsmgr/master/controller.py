@@ -145,6 +145,7 @@ class Controller:
         self.state = StateView(self.machine.state, self.nodes)
         self.payloads: dict[str, JobPayload] = {}
         self.stored_attempts: set[str] = set()
+        self.attempt_meta = 0
         self.epoch = 0
         self.started = 0.0
         self.checkpoint_root = ""
@@ -242,7 +243,7 @@ class Controller:
                     )
                 except (ModelError, TypeError) as exc:
                     log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
-        seq = int(self.store.meta("attempt", "0"))
+        seq = self.attempt_meta = int(self.store.meta("attempt", "0"))
         usage = tuple(
             (str(t), float(used), float(at))
             for t, used, at in json.loads(self.store.meta("tenant_usage", "[]"))
@@ -398,8 +399,11 @@ class Controller:
                     "devices": devices,
                 }
             )
-            if seq > int(self.store.meta("attempt", "0")):
+            if seq > self.attempt_meta:  # the highest attempt number stored (read once, at open)
                 self.store.set_meta("attempt", str(seq))
+                self.attempt_meta = seq
+            if a.ended is None:
+                return  # the row just inserted holds all an open attempt's values
         values: dict[str, Any] = {"started": a.started, "stopping": int(a.stopping), "devices": devices}
         if a.ended is not None:
             values.update(ended=a.ended, end_reason=a.end_reason, exit_code=a.exit_code, log_tail=a.log_tail)

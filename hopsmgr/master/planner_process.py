@@ -33,35 +33,56 @@ log = structlog.get_logger("hopsmgr.master")
 # The worker runs at a lower CPU priority than the master: where cores are few, heartbeats and API
 # replies come first and a plan takes longer (its deadline still holds), not the other way round.
 PLANNER_NICE = 5
+Update = tuple[str, tuple[Any, ...], dict[str, Any]]  # a LoggedEstimator update: method, args, kwargs
 
 
 class LoggedEstimator(Estimator):
-    """The master's estimator: an Estimator that also logs its updates, so that the planner process's
-    copy is brought up to date with the updates since the last plan (a delta), not the whole state."""
+    """The master's estimator: an Estimator that also logs its updates for each follower (the planner
+    process, the forecast worker), so that a follower's copy is brought up to date with the updates
+    since it last took them (a delta), not the whole state. A follower starts following on its first
+    `take_updates` (it then needs the whole state once); one that has not taken its updates for
+    MAX_LOG of them is dropped and starts again, so a follower that stops asking costs no memory."""
+
+    MAX_LOG = 100_000
 
     def __init__(self, ewma_alpha: float = 0.3) -> None:
         super().__init__(ewma_alpha)
-        self.updates: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.logs: dict[str, list[Update]] = {}
+
+    def _log(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        for follower, log in list(self.logs.items()):
+            log.append((name, args, kwargs))
+            if len(log) > self.MAX_LOG:
+                del self.logs[follower]
 
     def add_profile(self, *args: Any, **kwargs: Any) -> None:
         super().add_profile(*args, **kwargs)
-        self.updates.append(("add_profile", args, kwargs))
+        self._log("add_profile", args, kwargs)
 
     def observe(self, *args: Any, **kwargs: Any) -> None:
         super().observe(*args, **kwargs)
-        self.updates.append(("observe", args, kwargs))
+        self._log("observe", args, kwargs)
 
     def observe_data_time(self, *args: Any, **kwargs: Any) -> None:
         super().observe_data_time(*args, **kwargs)
-        self.updates.append(("observe_data_time", args, kwargs))
+        self._log("observe_data_time", args, kwargs)
 
     def forget(self, *args: Any, **kwargs: Any) -> None:
         super().forget(*args, **kwargs)
-        self.updates.append(("forget", args, kwargs))
+        self._log("forget", args, kwargs)
 
-    def take_updates(self) -> list[tuple[str, tuple[Any, ...], dict[str, Any]]]:
-        updates, self.updates = self.updates, []
+    def take_updates(self, follower: str) -> list[Update] | None:
+        """The updates since `follower` last took them, or None when it was not following (then it
+        follows from now on, and must be sent the whole state)."""
+        updates = self.logs.get(follower)
+        self.logs[follower] = []
         return updates
+
+
+def apply_updates(estimator: Estimator, updates: list[Update]) -> None:
+    """Replay a LoggedEstimator's updates on a copy of its state."""
+    for name, args, kwargs in updates:
+        getattr(estimator, name)(*args, **kwargs)
 
 
 def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSettings) -> None:
@@ -80,8 +101,7 @@ def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSetti
             return
         if whole is not None:
             estimator = Estimator.from_state(whole)
-        for name, args, kwargs in updates:
-            getattr(estimator, name)(*args, **kwargs)
+        apply_updates(estimator, updates)
         conn.send(compute_plan(request, policy, estimator, time.perf_counter))
 
 
@@ -123,12 +143,11 @@ class PlannerProcess:
         loop = asyncio.get_running_loop()
         conn = self.conn
         message: tuple[PlanRequest, dict[str, Any] | None, list[Any]]
-        if isinstance(estimator, LoggedEstimator) and not self.fresh:
-            message = (request, None, estimator.take_updates())
-        else:
-            if isinstance(estimator, LoggedEstimator):
-                estimator.take_updates()
-            message = (request, estimator.export_state(), [])  # a new worker: the whole state, once
+        updates = estimator.take_updates("planner") if isinstance(estimator, LoggedEstimator) else None
+        if updates is not None and not self.fresh:
+            message = (request, None, updates)
+        else:  # a new worker (or one the log dropped): the whole state, once
+            message = (request, estimator.export_state(), [])
         self.fresh = False
         await loop.run_in_executor(None, conn.send, message)  # pickling in a thread: the loop keeps serving
         answered: asyncio.Future[None] = loop.create_future()

@@ -102,11 +102,11 @@ def test_the_worker_follows_the_estimator_by_its_updates() -> None:
         for view in inst.snapshot.jobs[:10]:
             if view.current is not None:  # a measured rate far from the estimate moves the plan's values
                 estimator.observe(view.id, view.current, servers, 0.2, job=view.spec)
-        assert len(estimator.updates) > 0
+        assert len(estimator.logs["planner"]) > 0
         ready = asyncio.run(worker.plan(request_of(inst.snapshot, 2), estimator, time.monotonic() + 120))
     finally:
         worker.stop()
-    assert estimator.updates == []
+    assert estimator.logs["planner"] == []
     inline = compute_plan(request_of(inst.snapshot, 2), HopsPolicy(settings), estimator, time.perf_counter)
     assert ready.plan.assignments == inline.plan.assignments
     assert ready.plan.stats.objective == pytest.approx(inline.plan.stats.objective)

@@ -1,0 +1,103 @@
+"""The forecast worker keeps its own copy of the master's estimator, brought up to date by the updates
+since the last forecast (hopsmgr.master.forecasts, LoggedEstimator in hopsmgr.master.planner_process),
+and the estimator's export reuses the rows of profiles that did not change.
+
+The state comes from a simulation of the paper world (real machine, real estimator); the worker is a
+real process. Checked: a forecast made from the copy equals one made from the whole state, the copy
+follows the estimator as it learns, a replaced worker is sent the whole state again, a follower that
+stops taking its updates is dropped, and an export is never changed by a later update."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from types import SimpleNamespace
+
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.master.forecasts import Forecaster
+from hopsmgr.master.planner_process import LoggedEstimator
+from hopsmgr.sim.engine import Simulation
+from tests.forecast.test_forecast import CLUSTER, started
+
+SETTINGS = ForecastSettings(min_futures=2, max_futures=2, future=FutureOptions(sigma=0.0, arrivals=False))
+
+
+def logged(sim: Simulation) -> LoggedEstimator:
+    estimator = LoggedEstimator.from_state(sim.machine.estimator.export_state())
+    assert isinstance(estimator, LoggedEstimator)
+    sim.machine.estimator = estimator  # the simulation now teaches the logged one, as the master's is
+    return estimator
+
+
+def forecaster(sim: Simulation) -> Forecaster:
+    config = SimpleNamespace(scheduler=CLUSTER.scheduler, master=SimpleNamespace(planner="process"))
+    ctl = SimpleNamespace(config=config, machine=sim.machine, clock=lambda: sim.now, forecasts={})
+    return Forecaster(ctl, SETTINGS)  # type: ignore[arg-type]
+
+
+def whole_state_forecast(sim: Simulation) -> dict[str, object]:
+    return forecast(capture(sim.machine, sim.now), SETTINGS, time.perf_counter)  # type: ignore[return-value]
+
+
+def test_the_worker_forecasts_from_its_copy_as_from_the_whole_state_and_a_new_worker_gets_it_whole() -> None:
+    sim = started(3000.0)
+    estimator = logged(sim)
+    fc = forecaster(sim)
+
+    async def scenario() -> None:
+        try:
+            await fc.once()  # first: the whole state
+            assert fc.ctl.forecasts == whole_state_forecast(sim) and not fc.resend
+            sampled_before = sim.machine.estimator.export_state()
+            sim.advance(until=lambda: sim.now >= 6000.0)  # the running job is observed meanwhile
+            updates = len(estimator.logs["forecast"])
+            assert updates > 0 and estimator.export_state() != sampled_before
+            await fc.once()  # the updates only
+            assert estimator.logs["forecast"] == []
+            assert fc.ctl.forecasts == whole_state_forecast(sim)
+            fc.worker.stop()  # replaced: the new worker has no copy, says so, and is sent the whole
+            estimator.observe_data_time("j1", next(iter(estimator.profiled_types("j1"))), 0.5, 0.25)
+            await fc.once()
+            assert fc.ctl.forecasts == whole_state_forecast(sim) and not fc.resend
+        finally:
+            fc.close()
+
+    asyncio.run(scenario())
+    assert any(j.state == JobState.QUEUED for j in sim.machine.state.jobs.values())
+
+
+def test_a_follower_gets_the_updates_since_it_last_took_them_and_one_that_lags_is_dropped() -> None:
+    sim = started(3000.0)
+    estimator = logged(sim)
+    assert estimator.take_updates("a") is None  # not following yet: it needs the whole state
+    sim.advance(until=lambda: sim.now >= 6000.0)
+    taken = estimator.take_updates("a")
+    assert taken and {name for name, _, _ in taken} <= {
+        "observe",
+        "observe_data_time",
+        "add_profile",
+        "forget",
+    }
+    assert estimator.take_updates("a") == []
+    estimator.MAX_LOG = 3
+    sim.advance(until=lambda: sim.now >= 9000.0)
+    assert "a" not in estimator.logs  # dropped: no memory held for a follower that stopped asking
+    assert estimator.take_updates("a") is None
+
+
+def test_an_export_reuses_unchanged_rows_and_is_never_changed_by_a_later_update() -> None:
+    sim = started(3000.0)
+    estimator = sim.machine.estimator
+    first = estimator.export_state()
+    kept = copy.deepcopy(first)
+    job_id, gpu_type = first["profiles"][0]["job"], first["profiles"][0]["gpu_type"]
+    estimator.observe_data_time(job_id, gpu_type, 0.5, 0.25)
+    second = estimator.export_state()
+    assert first == kept
+    changed = [r for r in second["profiles"] if (r["job"], r["gpu_type"]) == (job_id, gpu_type)]
+    assert changed[0]["data"] != kept["profiles"][0]["data"]
+    assert all(a is b for a, b in zip(first["profiles"][1:], second["profiles"][1:], strict=True))
+    assert type(estimator).from_state(second).export_state() == second

@@ -122,8 +122,9 @@ def build_exact_program(
     """The location-specific program: one option per (job, configuration), per-server GPU capacity.
 
     Window jobs get every generated configuration (over `allowed[job]` servers when given, of
-    `counts[job]` GPUs when given); running jobs outside the window only their current one. A running
-    job always has its current configuration.
+    `counts[job]` GPUs when given); running jobs outside the window their current one and, when it is
+    on one server and no `allowed` restricts the program, the same GPU count on any other server (a
+    move). A running job always has its current configuration.
     """
     server_ids = sorted(sid for sid in free if free[sid] > 0)
     resource = {sid: r for r, sid in enumerate(server_ids)}
@@ -162,6 +163,13 @@ def build_exact_program(
                 mixed=mixed and allowed is None,
             )
             candidates += [c for c in generated if c.config != current]
+        elif current is not None and not current.distributed and allowed is None:
+            # [ours] behind the window, a running job may also move whole to another server (same
+            # GPU count): the move that frees whole servers for a wide job, or a faster GPU for it
+            moves = config_gen.generate(
+                view.spec, state.by_type, free_here, state.servers, state.estimator, False, (current.gpus,)
+            )
+            candidates += [c for c in moves if c.config != current]
         t = tenant_resource.get(view.spec.tenant)
         for cand in candidates:
             uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]

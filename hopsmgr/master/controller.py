@@ -145,7 +145,7 @@ class Controller:
         self.state = StateView(self.machine.state, self.nodes)
         self.payloads: dict[str, JobPayload] = {}
         self.stored_attempts: set[str] = set()
-        self.attempt_meta = 0
+        self.attempt_meta = self.attempt_high = 0
         self.epoch = 0
         self.started = 0.0
         self.checkpoint_root = ""
@@ -243,7 +243,7 @@ class Controller:
                     )
                 except (ModelError, TypeError) as exc:
                     log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
-        seq = self.attempt_meta = int(self.store.meta("attempt", "0"))
+        seq = self.attempt_meta = self.attempt_high = int(self.store.meta("attempt", "0"))
         usage = tuple(
             (str(t), float(used), float(at))
             for t, used, at in json.loads(self.store.meta("tenant_usage", "[]"))
@@ -343,6 +343,9 @@ class Controller:
                 self.throughput.append(record)
             elif isinstance(record, UsageRecord):
                 self._write_usage(record)
+        if self.attempt_high > self.attempt_meta:  # the highest attempt number stored (read at open)
+            store.set_meta("attempt", str(self.attempt_high))
+            self.attempt_meta = self.attempt_high
 
     def _write_usage(self, record: UsageRecord) -> None:
         self.store.set_meta("tenant_usage", json.dumps([list(u) for u in record.usage]))
@@ -399,9 +402,7 @@ class Controller:
                     "devices": devices,
                 }
             )
-            if seq > self.attempt_meta:  # the highest attempt number stored (read once, at open)
-                self.store.set_meta("attempt", str(seq))
-                self.attempt_meta = seq
+            self.attempt_high = max(self.attempt_high, seq)
             if a.ended is None:
                 return  # the row just inserted holds all an open attempt's values
         values: dict[str, Any] = {"started": a.started, "stopping": int(a.stopping), "devices": devices}

@@ -413,3 +413,22 @@ def test_a_job_larger_than_every_gpu_type_is_unplaceable_even_when_all_types_tog
     assert "exceeds the 4 GPUs of the largest profiled, available GPU type (v100)" in reason
     assert "do not mix GPU types" in reason
     assert unplaceable_reason(JobSpec("j4", RequirementSet.of([4]), 1e5, 32), servers, est) is None
+
+
+def test_a_running_job_behind_the_window_moves_to_free_a_whole_server_for_a_wide_job() -> None:
+    # a and b (1 GPU each, low priority) sit on s1 and s2; two 4-GPU jobs of a tenant capped at 4 GPUs
+    # have waited long and fill the window, so one of them can run. Keep-or-drop alone can give it a
+    # whole server only by preempting a or b; moving a next to b (or b next to a) preempts no one.
+    servers = [srv("s1", 4, order=0), srv("s2", 4, order=1)]
+    a = JobView(spec("a", 1, restart_s=0.0), current=C(s1=1), running_s=20_000.0, attempt_s=20_000.0)
+    b = JobView(spec("b", 1, restart_s=0.0), current=C(s2=1), running_s=20_000.0, attempt_s=20_000.0)
+    w1 = JobView(spec("w1", 4, tenant="wide", restart_s=0.0), waited_s=5_000.0)
+    w2 = JobView(spec("w2", 4, tenant="wide", restart_s=0.0), waited_s=5_000.0)
+    tenants = {"wide": TenantQuota("wide", cap_gpus=4)}
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=360.0)
+    plan = plan_round(snapshot(servers, [a, b, w1, w2], tenants=tenants), profiled(a, b, w1, w2), settings_)
+    assert "a" not in plan.window and "b" not in plan.window
+    assert {"a", "b"} <= plan.assignments.keys()  # no one preempted
+    wide = [j for j in ("w1", "w2") if j in plan.assignments]
+    assert len(wide) == 1 and plan.assignments[wide[0]].gpus == 4
+    assert sorted(used_per_server(plan.assignments).values()) == [2, 4]

@@ -355,7 +355,8 @@ def _plan(
                 free[sid] -= g
         jobs = [v for v in window_views if v.id not in fixed and v.id not in reserved_out]
         in_window = {v.id for v in jobs}
-        # Running jobs behind the window stay candidates for keeping what they hold.
+        # Running jobs behind the window stay candidates for keeping what they hold (and, in the exact
+        # model, for moving whole to another server: hopsmgr.core.program.build_exact_program).
         jobs += [v for v in placeable if v.id in running and v.id not in in_window and v.id not in fixed]
     else:
         free = {sid: capacity[sid] - held.get(sid, 0) for sid in capacity}

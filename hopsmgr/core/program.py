@@ -170,12 +170,15 @@ def build_exact_program(
                 view.spec, state.by_type, free_here, state.servers, state.estimator, False, (current.gpus,)
             )
             candidates += [c for c in moves if c.config != current]
+        behind = view.id not in window
         t = tenant_resource.get(view.spec.tenant)
         for cand in candidates:
             uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
             if t is not None:
                 uses.append((t, float(cand.config.gpus)))
             value = job_value(state, view, cand.rate, current is not None and cand.config != current)
+            if behind and cand.config != current:
+                value *= 1.0 - 1e-6  # a move that gains nothing (no restart penalty) loses to keeping
             options.append(ilp.Option(i, value, tuple(uses)))
             option_configs.append(cand.config)
     return options, option_configs, capacity

@@ -15,8 +15,9 @@ the running jobs the planner protects (hopsmgr.core.program.protected), then go 
 with `keep_bonus` added to a running job's priority, so that a waiting job whose priority is that much
 higher takes a running job's GPUs (a preemption), as Hops' rounds preempt for the jobs that waited
 longest; running jobs behind the window keep what they hold where it is still free. What it leaves
-out of Hops' plan: the program's weighing of restart costs and moves, and larger counts of a
-requirement set.
+out of Hops' plan: the program's weighing of restart costs and moves (among them the exact model's
+moves of running jobs behind the window that free whole servers for a wide job: forecasts for wide
+jobs on small clusters are pessimistic there), and larger counts of a requirement set.
 """
 
 from __future__ import annotations

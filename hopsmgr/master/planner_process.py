@@ -40,20 +40,23 @@ class LoggedEstimator(Estimator):
     """The master's estimator: an Estimator that also logs its updates for each follower (the planner
     process, the forecast worker), so that a follower's copy is brought up to date with the updates
     since it last took them (a delta), not the whole state. A follower starts following on its first
-    `take_updates` (it then needs the whole state once); one that has not taken its updates for
-    MAX_LOG of them is dropped and starts again, so a follower that stops asking costs no memory."""
+    `take_updates` (it then needs the whole state once); one whose log outgrows the state it describes
+    (MAX_LOG updates, or PER_JOB per job with a profile, whichever is more) is dropped and starts
+    again with the whole state, so a follower that stops asking costs no more memory than a copy."""
 
     MAX_LOG = 100_000
+    PER_JOB = 200  # updates per job: about twenty rounds of progress reports
 
     def __init__(self, ewma_alpha: float = 0.3) -> None:
         super().__init__(ewma_alpha)
         self.logs: dict[str, list[Update]] = {}
 
     def _log(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        for follower, log in list(self.logs.items()):
-            log.append((name, args, kwargs))
-            if len(log) > self.MAX_LOG:
+        for follower, updates in list(self.logs.items()):
+            updates.append((name, args, kwargs))
+            if len(updates) > self.MAX_LOG and len(updates) > self.PER_JOB * len(self._profiles):
                 del self.logs[follower]
+                log.warning("estimator_log_dropped", follower=follower, updates=len(updates))
 
     def add_profile(self, *args: Any, **kwargs: Any) -> None:
         super().add_profile(*args, **kwargs)
@@ -149,7 +152,11 @@ class PlannerProcess:
         else:  # a new worker (or one the log dropped): the whole state, once
             message = (request, estimator.export_state(), [])
         self.fresh = False
-        await loop.run_in_executor(None, conn.send, message)  # pickling in a thread: the loop keeps serving
+        try:  # pickling in a thread: the loop keeps serving
+            await loop.run_in_executor(None, conn.send, message)
+        except BaseException:  # the worker may have missed these updates: a fresh one gets the whole
+            self.stop()
+            raise
         answered: asyncio.Future[None] = loop.create_future()
 
         def readable() -> None:

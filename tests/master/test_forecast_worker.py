@@ -82,7 +82,7 @@ def test_a_follower_gets_the_updates_since_it_last_took_them_and_one_that_lags_i
         "forget",
     }
     assert estimator.take_updates("a") == []
-    estimator.MAX_LOG = 3
+    estimator.MAX_LOG, estimator.PER_JOB = 3, 0
     sim.advance(until=lambda: sim.now >= 9000.0)
     assert "a" not in estimator.logs  # dropped: no memory held for a follower that stopped asking
     assert estimator.take_updates("a") is None

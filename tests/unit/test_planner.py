@@ -432,3 +432,20 @@ def test_a_running_job_behind_the_window_moves_to_free_a_whole_server_for_a_wide
     wide = [j for j in ("w1", "w2") if j in plan.assignments]
     assert len(wide) == 1 and plan.assignments[wide[0]].gpus == 4
     assert sorted(used_per_server(plan.assignments).values()) == [2, 4]
+
+
+@pytest.mark.parametrize("restart_penalty", [True, False])
+def test_a_running_job_behind_the_window_is_not_moved_for_nothing(restart_penalty: bool) -> None:
+    # a runs alone on one of three identical servers, behind a window of three 4-GPU jobs of which the
+    # tenant cap lets one run: moving a gains nothing, even where a move costs nothing (no penalty)
+    servers = [srv("s1", 4, order=0), srv("s2", 4, order=1), srv("s3", 4, order=2)]
+    tenants = {"wide": TenantQuota("wide", cap_gpus=4)}
+    settings_ = SchedulerSettings(
+        solver="exact", gap=0.0, round_seconds=360.0, restart_penalty=restart_penalty
+    )
+    for where in ("s1", "s2", "s3"):
+        a = JobView(spec("a", 1, restart_s=0.0), current=C(**{where: 1}), running_s=2e4, attempt_s=2e4)
+        wide = [JobView(spec(f"w{k}", 4, tenant="wide", restart_s=0.0), waited_s=5_000.0) for k in range(3)]
+        plan = plan_round(snapshot(servers, [a, *wide], tenants=tenants), profiled(a, *wide), settings_)
+        assert "a" not in plan.window
+        assert plan.assignments["a"] == a.current

@@ -9,7 +9,8 @@ jobs form the recent arrival process the futures draw new jobs from.
 
 Where the master plans in a process of its own (`master.planner = "process"`, the default), forecasts
 and what-ifs run in two worker processes of their own too (hopsmgr.master.worker: niced, started on
-first use; the state is copied by pickling it), so they never hold the event loop's interpreter lock;
+first use; the state is copied by pickling it, the estimator as the updates since the last forecast to
+the copy the forecast worker keeps: `forecast_following`), so they never hold the event loop's lock;
 with `planner = "thread"`, in daemon threads (a master that stops does not wait for one under way).
 """
 

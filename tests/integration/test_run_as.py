@@ -300,6 +300,14 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
         attempt = running_attempt(cl, job_id)
         cg = cgroup.attempt_cgroup(attempt.parent.parent, attempt.name)
         assert cg is not None
+        limited = [cg.unified if found.home(c) == "v2" else cg.v1.get(c) for c in ("memory", "cpu")]
+        pid = int((attempt / "pid").read_text())
+        # the step writes the job's log before it makes and enters its cgroups: wait until it did
+        wait_for(
+            lambda: all(d is not None and pid in cgroup.procs(d) for d in limited),
+            30,
+            f"pid {pid} in the cgroups holding its limits ({limited})",
+        )
         if found.home("memory") == "v2":
             assert cg.unified is not None and (cg.unified / "memory.max").read_text().strip() == str(
                 512 << 20
@@ -313,7 +321,6 @@ def test_limits_are_enforced_or_refused_with_the_reason(cl: LocalCluster, tokens
             ]
         else:
             assert (cg.v1["cpu"] / "cpu.cfs_quota_us").read_text().strip() == "100000"
-        pid = int((attempt / "pid").read_text())
         assert all(pid in cgroup.procs(d) for d in cg.dirs() if d.exists()), cg
         cl.wait_state(job_id, "COMPLETED", timeout=120)
     else:  # this host cannot enforce them: the job fails at once, saying why

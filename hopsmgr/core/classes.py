@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
@@ -26,10 +27,13 @@ from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
 from hopsmgr.core.program import (
     RoundState,
+    ValueTerms,
     build_exact_program,
     explain_candidates,
     job_value,
     tenant_resources,
+    value_at,
+    value_terms,
 )
 
 
@@ -44,8 +48,7 @@ class ServerClass:
         return self.free * len(self.servers)
 
 
-@dataclass(frozen=True, slots=True)
-class _ClassOption:
+class _ClassOption(NamedTuple):  # (a tuple: ~60,000 of them in a 4,096-GPU round)
     job: int
     cls: int | None  # None: the pinned current configuration
     gpus: int
@@ -219,6 +222,7 @@ def _refinement_scope(
     by_type: dict[JobId, dict[str, list[Server]]] = {}
     by_class: dict[JobId, dict[str, list[Server]]] = {}
     counts: dict[JobId, set[int]] = {}
+    seen: set[tuple[int, int]] = set()
     for item, chosen in support.items():
         job = jobs[item]
         for o in chosen:
@@ -228,8 +232,9 @@ def _refinement_scope(
             gpu_type = classes[c].key[0]
             by_type.setdefault(job.id, {})[gpu_type] = type_servers[gpu_type]
             counts.setdefault(job.id, set()).add(meta[o].gpus)
-            members = by_class.setdefault(job.id, {}).setdefault(gpu_type, [])
-            members.extend(s for s in classes[c].servers if s not in members)
+            if (item, c) not in seen:  # classes partition the servers: a class adds servers once
+                seen.add((item, c))
+                by_class.setdefault(job.id, {}).setdefault(gpu_type, []).extend(classes[c].servers)
     estimate = sum(
         len(servers) * len(jobs[i].spec.requirements.counts)
         for i in support
@@ -267,14 +272,13 @@ def _class_program(
     options: list[ilp.Option] = []
     meta: list[_ClassOption] = []
 
-    def add(i: int, view: JobView, opt: _ClassOption, config: Config, uses: list[tuple[int, float]]) -> None:
-        rate = state.estimator.config_rate(view.spec, config, state.servers)
+    def add(opt: _ClassOption, terms: ValueTerms, rate: float | None, uses: list[tuple[int, float]]) -> None:
         if rate is None or rate <= 0:
             return
-        value = job_value(state, view, rate, moved=view.id in running and opt.pinned is None)
-        options.append(ilp.Option(i, value, tuple(uses)))
+        options.append(ilp.Option(opt.job, value_at(terms, rate), tuple(uses)))
         meta.append(opt)
 
+    estimator, servers = state.estimator, state.servers
     for i, view in enumerate(jobs):
         current = running.get(view.id)
         if current is not None and all(sid in class_of for sid in current.servers):
@@ -285,10 +289,9 @@ def _class_program(
                 if 2 * g > classes[c].free:
                     pinned[2 * c + 1] = pinned.get(2 * c + 1, 0.0) + 1
             add(
-                i,
-                view,
                 _ClassOption(i, None, current.gpus, len(current.parts), current),
-                current,
+                value_terms(state, view, False),
+                estimator.config_rate(view.spec, current, servers),
                 list(pinned.items()),
             )
         if view.id not in window:
@@ -296,6 +299,7 @@ def _class_program(
         span = config_gen.may_span(
             view.spec, state.rho.get(view.id, 1.0), state.settings.sigma, state.largest
         )
+        terms = value_terms(state, view, view.id in running)  # every class option is a launch or a move
         for c, cls in enumerate(classes):
             if not state.estimator.has_profile(view.id, cls.key[0]):
                 continue
@@ -303,7 +307,10 @@ def _class_program(
             for gpus in view.spec.requirements:
                 if gpus <= cls.free:
                     uses = [(2 * c, float(gpus))] + ([(2 * c + 1, 1.0)] if 2 * gpus > cls.free else [])
-                    add(i, view, _ClassOption(i, c, gpus, 1, None), Config.single(rep.id, gpus), uses)
+                    # config_rate of {rep: gpus}, without building the configuration
+                    per_gpu = estimator.per_gpu_rate(view.spec, rep, gpus, 1)
+                    rate = None if per_gpu is None else per_gpu * gpus
+                    add(_ClassOption(i, c, gpus, 1, None), terms, rate, uses)
                 elif span:
                     n = math.ceil(gpus / cls.free)
                     if n > len(cls.servers):
@@ -313,10 +320,9 @@ def _class_program(
                     parts[cls.servers[n - 1].id] = rest
                     big = (n - 1) + (1 if 2 * rest > cls.free else 0)
                     add(
-                        i,
-                        view,
                         _ClassOption(i, c, gpus, n, None),
-                        Config.of(parts),
+                        terms,
+                        estimator.config_rate(view.spec, Config.of(parts), servers),
                         [(2 * c, float(gpus)), (2 * c + 1, float(big))],
                     )
     return options, meta

@@ -40,9 +40,12 @@ class Option:
 
     def __post_init__(self) -> None:
         # One entry per resource: repeated entries are added up (every check below relies on it).
-        if len(self.uses) > 1 and len({r for r, _ in self.uses}) != len(self.uses):
+        uses = self.uses
+        if len(uses) < 2 or (len(uses) == 2 and uses[0][0] != uses[1][0]):
+            return  # (the common cases, decided without building a set)
+        if len({r for r, _ in uses}) != len(uses):
             merged: dict[int, float] = {}
-            for r, amount in self.uses:
+            for r, amount in uses:
                 merged[r] = merged.get(r, 0.0) + amount
             object.__setattr__(self, "uses", tuple(merged.items()))
 
@@ -64,6 +67,11 @@ class SolveOptions:
     local_rows: int | None = None
     # At most this long for the neighbourhood MIP (None: half the time left, or all without full_mip).
     neighbourhood_s: float | None = None
+    # A neighbourhood with more options than this is repaired greedily without CBC: at 4,096 GPUs
+    # (9,700-10,100 options) CBC's light search found no plan within its 0.5-s cap, and given 4 s a
+    # plan worse than the greedy repair (docs/benchmarks.md); at 512-1,024 GPUs (1,100-3,100) it
+    # finished in 0.04-0.19 s.
+    neighbourhood_max: int = 6_000
     full_mip: bool = True  # after the neighbourhood, a MIP over every option if still not within the gap
     # Programs with at most this many usable options are first solved by a branch and bound in this
     # process, within `enumerate_nodes` search nodes; one that needs more goes on to the LP and CBC.
@@ -145,7 +153,8 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
     if not options:
         return Solution({}, 0.0, 0.0, True, "empty", None, 0, 0, 0.0, 0.0)
 
-    usable = [i for i, o in enumerate(options) if o.value > 0 and _fits(o, list(capacity))]
+    room = list(capacity)
+    usable = [i for i, o in enumerate(options) if o.value > 0 and _fits(o, room)]
 
     def optimal(choice: dict[int, int], method: str) -> Solution:
         value = objective_of(options, choice)
@@ -418,8 +427,10 @@ def _neighbourhood(
         and _fits(options[o], free)
         and (lp_values[o] > 1e-6 or bound + reduced_cost[o] >= floor - 1e-9)
     ]
-    if not pool:
-        return greedy(options, capacity, order, start=fixed)
+    # The repair every CBC answer must beat: the fixed choices, the rest greedily in priority order.
+    repair = greedy(options, capacity, order, start=fixed)
+    if not pool or len(pool) > opts.neighbourhood_max:
+        return repair
     remaining = end - timer()
     if opts.neighbourhood_s is not None:
         remaining = min(remaining, opts.neighbourhood_s)
@@ -428,7 +439,7 @@ def _neighbourhood(
         # branching find plans this light search may not within a long limit).
         remaining /= 2
     if remaining <= 0.05:
-        return greedy(options, capacity, order, start=fixed)
+        return repair
     # The incumbent's choices for the free items, where they fit beside the fixed ones.
     start = [k for k, o in enumerate(pool) if incumbent.get(options[o].item) == o]
     result = _run(
@@ -451,8 +462,10 @@ def _neighbourhood(
             if result.values[k] > 0.5:
                 choice[options[o].item] = o
     if not is_feasible(options, capacity, choice):
-        return None
-    return greedy(options, capacity, order, start=choice)
+        return repair
+    # A stopped search may hold a poor incumbent (its warm start is not always taken): keep the better.
+    found = greedy(options, capacity, order, start=choice)
+    return found if objective_of(options, found) > objective_of(options, repair) else repair
 
 
 def _run(

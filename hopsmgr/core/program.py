@@ -79,13 +79,27 @@ def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> flo
     """(prio + bias)^lambda * G, times the restart factor for any configuration the job does not
     hold now (a queued job's launch pays its start-up; a running job's move pays its checkpoint and
     its restart when `preemption_cost` is on), plus the job's hold value if it runs."""
-    gain = rate / state.base_rate[view.id]
+    return value_at(value_terms(state, view, moved), rate)
+
+
+ValueTerms = tuple[float, float, float, float]  # base rate, restart factor, weight, hold value
+
+
+def value_terms(state: RoundState, view: JobView, moved: bool) -> ValueTerms:
+    """What `job_value` needs besides the rate, computed once per job (and kept for all its options)."""
+    factor = 1.0
     if view.current is None:
-        gain *= restart_factor(state.settings, view.spec.restart_s)
+        factor = restart_factor(state.settings, view.spec.restart_s)
     elif moved:
         lost = preemption_cost_s(view.spec) if state.settings.preemption_cost else None
-        gain *= restart_factor(state.settings, view.spec.restart_s, lost)
-    return state.weights.get(view.id, 1.0) * gain + state.hold_value.get(view.id, 0.0)
+        factor = restart_factor(state.settings, view.spec.restart_s, lost)
+    jid = view.id
+    return state.base_rate[jid], factor, state.weights.get(jid, 1.0), state.hold_value.get(jid, 0.0)
+
+
+def value_at(terms: ValueTerms, rate: float) -> float:
+    base, factor, weight, hold = terms
+    return weight * (rate / base * factor) + hold
 
 
 def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[JobId, float]:
@@ -172,11 +186,16 @@ def build_exact_program(
             candidates += [c for c in moves if c.config != current]
         behind = view.id not in window
         t = tenant_resource.get(view.spec.tenant)
+        if not candidates:
+            continue
+        keep_terms = value_terms(state, view, False)
+        move_terms = keep_terms if current is None else value_terms(state, view, True)
         for cand in candidates:
             uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
             if t is not None:
                 uses.append((t, float(cand.config.gpus)))
-            value = job_value(state, view, cand.rate, current is not None and cand.config != current)
+            moved = current is not None and cand.config != current
+            value = value_at(move_terms if moved else keep_terms, cand.rate)
             if behind and cand.config != current:
                 value *= 1.0 - 1e-6  # a move that gains nothing (no restart penalty) loses to keeping
             options.append(ilp.Option(i, value, tuple(uses)))

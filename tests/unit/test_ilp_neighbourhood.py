@@ -166,3 +166,63 @@ def test_no_full_mip_and_a_capped_neighbourhood(monkeypatch: pytest.MonkeyPatch)
     sol = ilp.solve(PROGRAM, CAPACITY, CbcOptions(gap=0.0, exact_below=0))
     assert [relax for relax, _, _ in calls] == [True, False, False]  # the full MIP proves 8.8 optimal
     assert sol.proven and sol.method == "mip"
+
+
+def test_a_neighbourhood_over_its_size_limit_is_repaired_greedily_without_cbc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lp_values, reduced = _lp(PROGRAM, CAPACITY)
+    pools: list[int] = []
+    real_run = ilp._run
+
+    def spy(options, capacity, pool, *a, **k):  # type: ignore[no-untyped-def]
+        pools.append(len(pool))
+        return real_run(options, capacity, pool, *a, **k)
+
+    monkeypatch.setattr(ilp, "_run", spy)
+    order = [0, 1, 2, 3]
+    args = (PROGRAM, CAPACITY, lp_values, reduced, 8.95, {0: 0, 1: 1}, order)
+    choice = ilp._neighbourhood(*args, CbcOptions(gap=0.05, neighbourhood_max=2), 10.0, lambda: 0.0, [0.0])
+    assert pools == []  # the pool (items 1-3: three options) is over the limit: no CBC start
+    assert choice == ilp.greedy(PROGRAM, CAPACITY, order, start={0: 0})
+    choice = ilp._neighbourhood(*args, CbcOptions(gap=0.05, neighbourhood_max=3), 10.0, lambda: 0.0, [0.0])
+    assert pools == [3]  # at the limit: CBC solves it
+    assert choice == {0: 0, 2: 2, 3: 3}
+
+
+def test_a_poor_incumbent_from_a_stopped_search_loses_to_the_greedy_repair(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CBC stopped with an incumbent that leaves the knapsack row half empty (item 3 alone: 1.9), while
+    # the greedy repair of the fixed part in this order takes item 1 (3.0): the repair is kept.
+    lp_values, reduced = _lp(PROGRAM, CAPACITY)
+
+    def stopped(options, capacity, pool, *a, **k):  # type: ignore[no-untyped-def]
+        return cbc.CbcResult("feasible", [1.0 if o == 3 else 0.0 for o in pool], [], killed=True)
+
+    monkeypatch.setattr(ilp, "_run", stopped)
+    monkeypatch.setattr(ilp, "greedy", functools.partial(_greedy_no_completion, ilp.greedy))
+    order = [0, 1, 2, 3]
+    choice = ilp._neighbourhood(
+        PROGRAM,
+        CAPACITY,
+        lp_values,
+        reduced,
+        8.95,
+        {0: 0, 1: 1},
+        order,
+        CbcOptions(gap=0.05),
+        10.0,
+        lambda: 0.0,
+        [0.0],
+    )
+    assert choice == {0: 0, 1: 1}
+    assert objective_of(PROGRAM, choice) == pytest.approx(8.0)
+
+
+def _greedy_no_completion(real, options, capacity, order, preferred=None, start=None):  # type: ignore[no-untyped-def]
+    """The greedy pass, except that it adds nothing to a start that already holds item 3 (so the
+    stopped search's answer stays as CBC left it, 6.9, and must lose to the repair's 8.0)."""
+    if start is not None and 3 in start:
+        return dict(start)
+    return real(options, capacity, order, preferred, start)

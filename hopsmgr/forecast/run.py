@@ -3,7 +3,9 @@
 `forecast(live, settings, timer)` runs Future after Future (hopsmgr.forecast.future), each with its own
 seed (its own rate errors and arrivals), at least `min_futures` and at most `max_futures`, and stops
 starting new ones once `budget_s` has passed by `timer` (which only measures: the forecast's own time
-is simulated). Each live job gets P10/P50/P90 of its next start (waiting jobs) and of its completion.
+is simulated); past `min_futures`, a future is begun only if it is expected to end within the budget
+(the longest one so far), so the forecast does not overrun its budget by a whole future. Each live job
+gets P10/P50/P90 of its next start (waiting jobs) and of its completion.
 """
 
 from __future__ import annotations
@@ -36,10 +38,17 @@ def forecast(
     starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     runs = 0
-    while runs < settings.max_futures and (runs < settings.min_futures or timer() - t0 < settings.budget_s):
+    longest = 0.0
+    begun = t0
+    while runs < settings.max_futures:
+        if runs >= settings.min_futures and begun - t0 + longest > settings.budget_s:
+            break
         future = Future(live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator))
         future.go(only)
         runs += 1
+        ended = timer()
+        longest = max(longest, ended - begun)
+        begun = ended
         for job_id in future.forecastable if only is None else future.forecastable & {only}:
             starts[job_id].append(future.started.get(job_id, math.inf))
             finishes[job_id].append(future.finished.get(job_id, math.inf))

@@ -14,10 +14,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from hopsmgr.config import parse_cluster_config
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
-from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.future import Future, FutureOptions, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.sim.engine import SimOptions, Simulation
@@ -127,13 +129,26 @@ def test_arrivals_come_at_the_recent_rate_and_only_slow_the_queue() -> None:
     assert crowded.start_p50 >= alone.start_p50
 
 
-def test_a_forecast_stops_starting_futures_once_its_budget_is_spent() -> None:
+def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
-    ticks = iter(range(1000))
-    settings = ForecastSettings(budget_s=2.5, min_futures=2, max_futures=50)
-    result = forecast(live, settings, lambda: float(next(ticks)))  # each future "takes" one second
-    assert result["j2"].futures == 4  # two it must run, then two more begun 1 s and 2 s in
+    clock = [0.0]
+    real_go = Future.go
+
+    def go(self: Future, only: str | None = None) -> None:
+        real_go(self, only)
+        clock[0] += 1.0  # each future "takes" one second
+
+    monkeypatch.setattr(Future, "go", go)
+    runs = {}
+    for budget in (0.5, 2.5, 3.0, 4.9):
+        settings = ForecastSettings(budget_s=budget, min_futures=2, max_futures=50)
+        clock[0] = 0.0
+        runs[budget] = forecast(live, settings, lambda: clock[0])["j2"].futures
+        assert clock[0] <= max(budget, 2.0)  # never past the budget, but for the two it must run
+    assert runs == {0.5: 2, 2.5: 2, 3.0: 3, 4.9: 4}
 
 
 def test_the_forecast_modules_are_pure() -> None:

@@ -43,6 +43,19 @@ def _lp(options: Sequence[Option], capacity: Sequence[float]) -> tuple[dict[int,
     )
 
 
+@functools.cache
+def _program_lp() -> tuple[dict[int, float], dict[int, float]]:
+    return _lp(PROGRAM, CAPACITY)
+
+
+def _neighbourhood_of(order: list[int], opts: SolveOptions, end: float) -> dict[int, int] | None:
+    """PROGRAM's neighbourhood from its LP, the rounding's {0: 0, 1: 1} as the incumbent."""
+    lp_values, reduced = _program_lp()
+    return ilp._neighbourhood(
+        PROGRAM, CAPACITY, lp_values, reduced, 8.95, {0: 0, 1: 1}, order, opts, end, lambda: 0.0, [0.0]
+    )
+
+
 def test_integral_part_away_from_the_fraction_is_kept_and_the_rest_solved(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -87,20 +100,7 @@ def test_solve_uses_the_neighbourhood_and_proves_within_the_gap() -> None:
 
 
 def test_no_time_left_gives_the_greedy_completion_of_the_fixed_part() -> None:
-    lp_values, reduced = _lp(PROGRAM, CAPACITY)
-    choice = ilp._neighbourhood(
-        PROGRAM,
-        CAPACITY,
-        lp_values,
-        reduced,
-        8.95,
-        {0: 0, 1: 1},
-        [3, 2, 1, 0],
-        CbcOptions(),
-        0.0,
-        lambda: 0.0,
-        [0.0],
-    )
+    choice = _neighbourhood_of([3, 2, 1, 0], CbcOptions(), 0.0)
     assert choice is not None and is_feasible(PROGRAM, CAPACITY, choice)
     assert choice[0] == 0  # fixed
     assert choice == ilp.greedy(PROGRAM, CAPACITY, [3, 2, 1, 0], start={0: 0})
@@ -171,7 +171,7 @@ def test_no_full_mip_and_a_capped_neighbourhood(monkeypatch: pytest.MonkeyPatch)
 def test_a_neighbourhood_over_its_size_limit_is_repaired_greedily_without_cbc(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    lp_values, reduced = _lp(PROGRAM, CAPACITY)
+    _program_lp()
     pools: list[int] = []
     real_run = ilp._run
 
@@ -181,11 +181,10 @@ def test_a_neighbourhood_over_its_size_limit_is_repaired_greedily_without_cbc(
 
     monkeypatch.setattr(ilp, "_run", spy)
     order = [0, 1, 2, 3]
-    args = (PROGRAM, CAPACITY, lp_values, reduced, 8.95, {0: 0, 1: 1}, order)
-    choice = ilp._neighbourhood(*args, CbcOptions(gap=0.05, neighbourhood_max=2), 10.0, lambda: 0.0, [0.0])
+    choice = _neighbourhood_of(order, CbcOptions(gap=0.05, neighbourhood_max=2), 10.0)
     assert pools == []  # the pool (items 1-3: three options) is over the limit: no CBC start
     assert choice == ilp.greedy(PROGRAM, CAPACITY, order, start={0: 0})
-    choice = ilp._neighbourhood(*args, CbcOptions(gap=0.05, neighbourhood_max=3), 10.0, lambda: 0.0, [0.0])
+    choice = _neighbourhood_of(order, CbcOptions(gap=0.05, neighbourhood_max=3), 10.0)
     assert pools == [3]  # at the limit: CBC solves it
     assert choice == {0: 0, 2: 2, 3: 3}
 
@@ -195,27 +194,14 @@ def test_a_poor_incumbent_from_a_stopped_search_loses_to_the_greedy_repair(
 ) -> None:
     # CBC stopped with an incumbent that leaves the knapsack row half empty (item 3 alone: 1.9), while
     # the greedy repair of the fixed part in this order takes item 1 (3.0): the repair is kept.
-    lp_values, reduced = _lp(PROGRAM, CAPACITY)
+    _program_lp()
 
     def stopped(options, capacity, pool, *a, **k):  # type: ignore[no-untyped-def]
         return cbc.CbcResult("feasible", [1.0 if o == 3 else 0.0 for o in pool], [], killed=True)
 
     monkeypatch.setattr(ilp, "_run", stopped)
     monkeypatch.setattr(ilp, "greedy", functools.partial(_greedy_no_completion, ilp.greedy))
-    order = [0, 1, 2, 3]
-    choice = ilp._neighbourhood(
-        PROGRAM,
-        CAPACITY,
-        lp_values,
-        reduced,
-        8.95,
-        {0: 0, 1: 1},
-        order,
-        CbcOptions(gap=0.05),
-        10.0,
-        lambda: 0.0,
-        [0.0],
-    )
+    choice = _neighbourhood_of([0, 1, 2, 3], CbcOptions(gap=0.05), 10.0)
     assert choice == {0: 0, 1: 1}
     assert objective_of(PROGRAM, choice) == pytest.approx(8.0)
 

@@ -6,19 +6,25 @@ the master then does, so on its own it is too narrow. `Residuals` keeps, for rec
 started, how far the actual wait was from the P50 forecast made for them (the first one, made while
 they waited), in units of the larger of that forecast wait and a round: r = (actual - forecast) /
 max(forecast, round_s). Once `min_count` jobs are in, `widen` moves each start P10 and P90 out to at
-least the P50 forecast plus the residuals' 10th and 90th percentiles (never before the forecast was
-made): an interval that covered about 80% of recent jobs' starts. Pure: the callers say what started.
+least the P50 forecast plus the residuals' lower and upper split-conformal bounds (never before the
+forecast was made): with n residuals, the floor((n + 1) * 0.1)-th smallest and the ceil((n + 1) * 0.9)-th
+smallest, the finite-sample quantiles under which a new job's residual falls outside each bound with
+probability at most 10% when jobs are exchangeable; they exist from n = 9 on, hence `min_count`.
+Pure: the callers say what started.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
-from hopsmgr.forecast.future import JobForecast, quantile
+from hopsmgr.forecast.future import JobForecast
 
-MIN_COUNT = 20
+MIN_COUNT = 9  # the fewest residuals for which both conformal bounds below are finite
+TAIL = Fraction(1, 10)  # each bound's miscoverage (exact: ranks must not round up): 80% in all
 KEEP = 500
 
 
@@ -34,12 +40,14 @@ class Residuals:
         self.values.append((actual_wait_s - forecast_wait_s) / scale)
 
     def bounds(self) -> tuple[float, float] | None:
-        """The residuals' 10th and 90th percentiles, None until `min_count` jobs are in."""
-        if len(self.values) < self.min_count:
+        """The split-conformal lower and upper bounds of the residuals (module docstring); None until
+        `min_count` jobs are in, or while the bounds do not exist yet."""
+        n = len(self.values)
+        low_rank, high_rank = math.floor((n + 1) * TAIL), math.ceil((n + 1) * (1 - TAIL))
+        if n < self.min_count or low_rank < 1 or high_rank > n:
             return None
-        lo, hi = quantile(list(self.values), 0.1), quantile(list(self.values), 0.9)
-        assert lo is not None and hi is not None
-        return lo, hi
+        xs = sorted(self.values)
+        return xs[low_rank - 1], xs[high_rank - 1]
 
     def widen(self, forecast: JobForecast) -> JobForecast:
         """`forecast` with its start P10-P90 widened to the recent residuals' (unchanged before

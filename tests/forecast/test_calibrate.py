@@ -21,11 +21,11 @@ def test_too_few_residuals_leave_a_forecast_as_it_is() -> None:
 
 
 def test_intervals_widen_to_the_residuals_and_never_narrow_or_start_before_they_were_made() -> None:
-    residuals = Residuals(round_s=300.0, min_count=5)
-    for actual in (500.0, 1000.0, 1500.0, 2000.0, 3000.0):  # forecast 1000 each: residuals -0.5 .. 2.0
-        residuals.add(1000.0, actual)
+    residuals = Residuals(round_s=300.0)
+    for actual in (500.0, 700.0, 900.0, 1000.0, 1200.0, 1500.0, 1800.0, 2000.0, 3000.0):
+        residuals.add(1000.0, actual)  # forecast 1000 each: residuals -0.5 .. 2.0
     lo, hi = residuals.bounds() or (0.0, 0.0)
-    assert lo < 0 < hi
+    assert (lo, hi) == (-0.5, 2.0)  # nine residuals: the conformal bounds are the extremes
     made = 10_000.0
     wide = residuals.widen(fc(made, made + 950.0, made + 1000.0, made + 1050.0))
     assert wide.start_p10 == made + 1000.0 + lo * 1000.0 and wide.start_p90 == made + 1000.0 + hi * 1000.0
@@ -35,6 +35,18 @@ def test_intervals_widen_to_the_residuals_and_never_narrow_or_start_before_they_
     assert now.start_p10 == made and now.start_p90 is not None and now.start_p90 > made
     assert residuals.widen(fc(made, None, None, None)).start_p10 is None  # no start forecast: none made
     assert residuals.widen(fc(made, made + 900.0, made + 1000.0, None)).start_p90 is None  # past the horizon
+
+
+def test_the_bounds_are_the_split_conformal_order_statistics() -> None:
+    residuals = Residuals(round_s=100.0, min_count=1)
+    for k in range(8):
+        residuals.add(100.0, 100.0 + 100.0 * k)  # residuals 0, 1, ..., 7
+    assert residuals.bounds() is None  # (8 + 1) * 0.9 = 8.1: no 9th smallest of eight yet
+    residuals.add(100.0, 900.0)
+    assert residuals.bounds() == (0.0, 8.0)  # n = 9: the 1st and the 9th smallest
+    for k in range(9, 19):
+        residuals.add(100.0, 100.0 + 100.0 * k)
+    assert residuals.bounds() == (1.0, 17.0)  # n = 19: the 2nd and the 18th smallest
 
 
 def test_calibrated_intervals_cover_about_four_in_five_of_later_starts() -> None:

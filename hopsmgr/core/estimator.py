@@ -134,15 +134,12 @@ def _iteration_time(profile: TimeProfile, tc: float, compute_scale: float, data_
     is the estimator's innermost call, a few hundred thousand times in a cold 4,096-GPU round."""
     cs, ds, p = compute_scale, data_scale, profile.p_cache
     tf = profile.tf_s / cs
-    comm = profile.tb_s / cs + TC_EXPOSED * tc
-    busy = (comm if comm >= tc else tc) + profile.tu_s / cs
+    busy = max(profile.tb_s / cs + TC_EXPOSED * tc, tc) + profile.tu_s / cs
     if profile.pattern == 1:
-        td = profile.td_hit_s / ds
-        hit = (td if td >= busy else busy) + tf + profile.tw_hit_s / ds
+        hit = max(profile.td_hit_s / ds, busy) + tf + profile.tw_hit_s / ds
         if p >= 1.0:
             return hit
-        td = profile.td_miss_s / ds
-        miss = (td if td >= busy else busy) + tf + profile.tw_miss_s / ds
+        miss = max(profile.td_miss_s / ds, busy) + tf + profile.tw_miss_s / ds
     else:
         hit = profile.td_hit_s / ds + busy + tf + profile.tw_hit_s / ds
         if p >= 1.0:

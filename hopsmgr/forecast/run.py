@@ -38,17 +38,18 @@ def forecast(
     starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     runs = 0
-    longest = 0.0
-    begun = t0
+    longest = 0.0  # the longest future so far
     while runs < settings.max_futures:
-        if runs >= settings.min_futures and begun - t0 + longest > settings.budget_s:
+        begun = timer()
+        elapsed = begun - t0
+        if runs >= settings.min_futures and (
+            elapsed >= settings.budget_s or elapsed + longest > settings.budget_s
+        ):
             break
         future = Future(live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator))
         future.go(only)
         runs += 1
-        ended = timer()
-        longest = max(longest, ended - begun)
-        begun = ended
+        longest = max(longest, timer() - begun)
         for job_id in future.forecastable if only is None else future.forecastable & {only}:
             starts[job_id].append(future.started.get(job_id, math.inf))
             finishes[job_id].append(future.finished.get(job_id, math.inf))

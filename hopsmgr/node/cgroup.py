@@ -13,7 +13,11 @@ own v1 hierarchy (hybrid hosts, as many Debian/Ubuntu LTS servers and containers
 | membership, stop, kill | the unified directory | the v1 directories (all of them without a unified one) |
 | `--mem` | memory.max, memory.swap.max = 0 | memory.limit_in_bytes, memory.memsw.limit_in_bytes |
 | `--cpus` | cpu.max | cpu.cfs_quota_us / cpu.cfs_period_us |
-| GPUs not granted | not enforced (needs an eBPF device program) | devices.deny `c 195:<minor> rwm` |
+| GPUs not granted | an eBPF device program denying `c 195:<minor>` (hopsmgr.node.bpf_devices) | devices.deny `c 195:<minor> rwm` |
+
+The GPU rules go where `device_fence` says: to the v1 devices hierarchy where one is mounted (hybrid
+hosts keep it as their fence), else to an eBPF program attached to the attempt's unified directory
+(pure-v2 hosts; such a program works on any cgroup2 directory, whatever controllers it has).
 
 `create` makes them and sets limits and rules (removing what it made if any cannot be set), `enter`
 moves the step into exactly those (failing if one is gone: a stop removed it meanwhile).
@@ -32,6 +36,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from hopsmgr.node import bpf_devices
 
 PARENT = "hopsmgr"
 MOUNTS = Path("/proc/self/mounts")
@@ -158,9 +165,14 @@ def create(
     where: Hierarchies | None = None,
 ) -> Made:
     """Make the attempt's cgroups with its limits and device rules (char devices major:minor to deny,
-    applied where a v1 devices hierarchy exists). CgroupError, after removing what it made, when a
-    limit or a rule cannot be set as asked."""
+    where `device_fence` says). CgroupError, after removing what it made, when a limit or a rule
+    cannot be set as asked."""
     where = where or hierarchies()
+    fence_kind = device_fence(cg) if deny_devices else None
+    if deny_devices and fence_kind is None:
+        raise CgroupError(
+            "this node has no cgroup v1 devices hierarchy nor a unified one: devices cannot be fenced off"
+        )
     needed = check_controllers(mem_mb, cpus, where)
     v2_needed = {c for c in needed if where.home(c) == "v2"}
     quota = max(1000, round(cpus * 100_000)) if cpus is not None else None
@@ -192,6 +204,14 @@ def create(
                     (cg.unified / "memory.swap.max").write_text("0")
             if quota is not None and "cpu" in v2_needed:
                 (cg.unified / "cpu.max").write_text(f"{quota} 100000")
+            if fence_kind == "v2":
+                try:
+                    bpf_devices.fence(cg.unified, deny_devices)
+                except bpf_devices.BpfError as exc:
+                    raise CgroupError(
+                        f"cannot fence off the node's other GPUs with a cgroup v2 device program on "
+                        f"{cg.unified}: {exc}"
+                    ) from None
         wanted = {"memory": mem_mb is not None, "cpu": cpus is not None, "devices": bool(deny_devices)}
         for controller, path in sorted(cg.v1.items()):
             # without a unified hierarchy the v1 directories are also how stop finds the job: all made
@@ -232,9 +252,17 @@ def create(
     return Made(tuple(dirs), tuple(notes))
 
 
+def device_fence(cg: AttemptCgroup) -> Literal["v1", "v2"] | None:
+    """How device rules reach this attempt: "v1" (its v1 devices directory), "v2" (an eBPF device
+    program on its unified directory, where no v1 devices hierarchy is mounted) or None."""
+    if "devices" in cg.v1:
+        return "v1"
+    return "v2" if cg.unified is not None else None
+
+
 def enforces_devices(cg: AttemptCgroup) -> bool:
-    """Whether device rules reach this attempt (only a v1 devices hierarchy; see the module doc)."""
-    return "devices" in cg.v1
+    """Whether device rules can reach this attempt (see `device_fence`)."""
+    return device_fence(cg) is not None
 
 
 def enter(made: Made) -> None:

@@ -13,7 +13,8 @@ from the one to the other, and it takes nothing but a work directory and an atte
 - `start`: makes the attempt's `job/` directory (the user's, group the wrapper's, 2770) and log
   (0640), hands the job's checkpoint directory (under `<workdir>/checkpoints/`) to the user, puts
   itself in the attempt's own cgroups with the submission's limits and with the node's GPUs it was
-  not granted fenced off where the devices controller allows (hopsmgr.node.cgroup), drops to
+  not granted fenced off (hopsmgr.node.cgroup: a cgroup v1 devices rule, else a cgroup v2 eBPF
+  device program; nothing where the node has neither hierarchy), drops to
   the user's uid, gid, supplementary groups and HOME with no_new_privs set, and execs the job's argv
   with the spec's environment (not the wrapper's: its secrets stay with it).
 - `signal --signal TERM|USR1|INT|KILL`: signals every process of the attempt's cgroup (KILL also
@@ -274,7 +275,7 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
 def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
     """Put the step (and so the job it becomes) in the attempt's cgroups, with its limits and the
     rules that keep it off the node's other GPUs; refuse the attempt when a limit or the GPU fence
-    cannot be set up; say in the job's log what is not enforced."""
+    cannot be set up (the reason also in the job's log); say in the job's log what is not enforced."""
     hierarchies = cgroup.hierarchies()
     cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, hierarchies)
     limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
@@ -282,6 +283,11 @@ def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
     fence = bool(rules.deny) and cg is not None and cgroup.enforces_devices(cg)
     notes: list[str] = []
     made: cgroup.Made | None = None
+
+    def refuse(why: str) -> Refused:
+        os.write(log_fd, f"hopsmgr: refused: {why}\n".encode())
+        return Refused(why)
+
     try:
         if cg is None:
             raise cgroup.CgroupError("no cgroup hierarchy is mounted")
@@ -289,13 +295,13 @@ def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
         notes += made.notes
     except cgroup.CgroupError as exc:
         if limits != (None, None) or fence:
-            raise Refused(str(exc)) from None
+            raise refuse(str(exc)) from None
         notes.append(f"hopsmgr: no cgroup of its own ({exc}): stop reaches its process group only")
     if made is not None:
         try:
             cgroup.enter(made)
         except cgroup.CgroupError as exc:  # a stop removed them meanwhile: the job is not to run
-            raise Refused(str(exc)) from None
+            raise refuse(str(exc)) from None
     if fence:
         env[nc.VISIBLE_DEVICES] = rules.visible or ""  # CUDA now counts the granted GPUs alone
         notes += [rules.note] if rules.note else []
@@ -303,8 +309,9 @@ def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
         if nc.VISIBLE_DEVICES not in env:
             env[nc.VISIBLE_DEVICES] = ""  # granted none: CUDA is asked to show none
         notes.append(
-            "hopsmgr: the node's other GPUs are not fenced off for this job (no cgroup v1 devices "
-            "hierarchy; cgroup v2 device rules are not implemented): only CUDA_VISIBLE_DEVICES "
+            "hopsmgr: the node's other GPUs are not fenced off for this job (neither a cgroup v1 "
+            "devices hierarchy nor a cgroup v2 one to attach a device program to): only "
+            "CUDA_VISIBLE_DEVICES "
             f"({env[nc.VISIBLE_DEVICES]!r}) asks CUDA to keep to the GPUs granted"
         )
     for note in notes:

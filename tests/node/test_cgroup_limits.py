@@ -7,8 +7,10 @@ as root): a job that allocates past its memory limit is killed, a busy job under
 about a fifth of a CPU, and a job granted GPU 0 of three is refused the other two GPUs' device files.
 The GPU device files are real character devices (major 195, made with mknod): the devices controller
 refuses a denied one with EPERM, while opening an allowed one gets past it (ENXIO on a host without
-the NVIDIA driver, success with it). Each is skipped, with the reason, on a host whose hierarchies
-lack the controller.
+the NVIDIA driver, success with it). The GPU fence is the v1 devices hierarchy where one is mounted,
+else a cgroup v2 eBPF device program; the v2 path is also run through `create` and `enter` on any host
+with a cgroup2 mount, by handing them hierarchies without a v1 devices one. Each is skipped, with the
+reason, on a host whose hierarchies lack the controller (or that refuses bpf(2), for the v2 fence).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.node import cgroup, gpu_devices, ops, runas
+from hopsmgr.node import bpf_devices, cgroup, gpu_devices, ops, runas
+
+from .util import bpf_refusal, device_nodes, open_each, open_in_child
 
 USER = "hopsc-user"
 JOB_PYTHON = "/usr/bin/python3"
@@ -271,8 +275,12 @@ def opened_as(log: object) -> dict[str, str]:
 
 @needs_root
 def test_a_job_cannot_open_the_gpus_it_was_not_granted(account: pwd.struct_passwd, node: Path) -> None:
-    if cgroup.hierarchies().home("devices") != "v1":
-        pytest.skip("GPU device rules need a cgroup v1 devices hierarchy (v2 would need eBPF: not enforced)")
+    cg = cgroup.attempt_cgroup(node, "a-000001")
+    fence = cgroup.device_fence(cg) if cg is not None else None
+    if fence is None:
+        pytest.skip("this host has neither a cgroup v1 devices hierarchy nor a cgroup2 one to fence GPUs in")
+    if fence == "v2" and (why := bpf_refusal()):
+        pytest.skip(f"the GPU fence here is a cgroup v2 device program, and {why}")
     dev = node.parent / "dev"
     dev.mkdir()
     os.chmod(dev, 0o755)
@@ -298,6 +306,53 @@ def test_a_job_cannot_open_the_gpus_it_was_not_granted(account: pwd.struct_passw
     none = run_job(node, "a-000003", script)  # no GPUs granted: every GPU fenced off, and the log says so
     assert [opened_as(none["log"])[p] == "EPERM" for p in paths] == [True, True, True, False], none
     assert "no GPUs were granted" in str(none["log"]), none
+
+
+@needs_root
+def test_on_cgroup_v2_a_device_program_fences_off_the_gpus(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cgroup v2 fence through create and enter, forced on any host with a cgroup2 mount by
+    hierarchies without a v1 devices one (as a pure-v2 host has): a process that entered the attempt's
+    cgroup is refused the GPUs denied (EPERM) and opens the others, nvidiactl and /dev/null's numbers;
+    a fence that cannot be set up (a parent's device program attached without BPF_F_ALLOW_MULTI)
+    refuses the attempt and removes what was made."""
+    if why := bpf_refusal():
+        pytest.skip(why)
+    unified = cgroup.hierarchies().unified
+    assert unified is not None
+    v2 = cgroup.Hierarchies(unified, {})
+    monkeypatch.setattr(cgroup, "PARENT", f"hopsmgr-test-{os.getpid()}")
+    cg = cgroup.attempt_cgroup(tmp_path, "a-000001", v2)
+    assert cg is not None and cg.unified is not None and cgroup.device_fence(cg) == "v2"
+    nodes = device_nodes(tmp_path / "dev")
+    if open_each({"null": nodes["null"]})["null"] != "opened":
+        pytest.skip(f"device files cannot be opened under {tmp_path} at all (a nodev mount?)")
+    parent = cg.unified.parent
+    try:
+        made = cgroup.create(cg, None, None, [(195, 0), (195, 2)], v2)
+        assert made.dirs == (cg.unified,) and bpf_devices.attached(cg.unified)[0] == 1
+
+        def enter() -> None:
+            cgroup.enter(made)
+
+        inside = open_in_child(nodes, enter=enter)
+        names = ("nvidia0", "nvidia1", "nvidia2", "nvidiactl", "null")
+        assert [inside[n] == "EPERM" for n in names] == [True, False, True, False, False], inside
+        assert inside["null"] == "opened", inside
+        assert cgroup.kill_and_remove(cg)
+        blocking = bpf_devices.load(bpf_devices.deny_program(195, [253]))
+        try:
+            bpf_devices.attach(parent, blocking, 0)
+        finally:
+            os.close(blocking)
+        with pytest.raises(cgroup.CgroupError, match=r"device program .* without BPF_F_ALLOW_MULTI"):
+            cgroup.create(cg, None, None, [(195, 1)], v2)
+        assert not cg.exists()
+    finally:
+        cgroup.kill_and_remove(cg)
+        with contextlib.suppress(OSError):
+            parent.rmdir()
 
 
 @needs_root
@@ -352,7 +407,8 @@ def test_the_step_refuses_a_job_it_cannot_fence_or_keep_in_its_cgroup(
         runas.Policy(nvidia_gpus=str(driver)),
     )  # fmt: skip
     fenced = cgroup.Hierarchies(tmp_path / "unified", {"devices": tmp_path / "devices"})
-    unfenced = cgroup.Hierarchies(tmp_path / "unified", {})
+    fenced_v2 = cgroup.Hierarchies(tmp_path / "unified", {})  # a device program on the unified directory
+    unfenced = cgroup.Hierarchies(None, {"memory": tmp_path / "memory"})  # v1 only, no devices hierarchy
     log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT)
 
     def fail(*args: object, **kw: object) -> None:
@@ -366,6 +422,8 @@ def test_the_step_refuses_a_job_it_cannot_fence_or_keep_in_its_cgroup(
     monkeypatch.setattr(cgroup, "create", fail)
     with pytest.raises(runas.Refused, match="refused by the kernel"):
         start(fenced, {"CUDA_VISIBLE_DEVICES": "1"})  # the fence is needed and cannot be set up
+    with pytest.raises(runas.Refused, match="refused by the kernel"):
+        start(fenced_v2, {"CUDA_VISIBLE_DEVICES": "1"})  # on cgroup v2 as well
     env = start(unfenced, {})  # nothing needs a cgroup: it runs, its log says how it runs
     assert env == {"CUDA_VISIBLE_DEVICES": ""}
     made = cgroup.Made((tmp_path / "gone",))
@@ -375,6 +433,16 @@ def test_the_step_refuses_a_job_it_cannot_fence_or_keep_in_its_cgroup(
         start(unfenced, {"CUDA_VISIBLE_DEVICES": "0"})  # removed by a stop between create and enter
     monkeypatch.setattr(cgroup, "enter", lambda m: None)
     assert start(fenced, {"CUDA_VISIBLE_DEVICES": "1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    denied: list[object] = []
+
+    def create(*args: object, deny_devices: object, **kw: object) -> cgroup.Made:
+        denied.append(deny_devices)
+        return made
+
+    monkeypatch.setattr(cgroup, "create", create)
+    assert start(fenced_v2, {"CUDA_VISIBLE_DEVICES": "1"}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert denied == [((195, 0),)]  # GPU 1 (minor 1) granted: minor 0 denied, by the v2 program
     os.close(log)
     text = (tmp_path / "log").read_text()
     assert "no cgroup of its own (refused by the kernel)" in text and "not fenced off" in text
+    assert text.count("hopsmgr: refused: refused by the kernel") == 3, text  # the reason in the job's log

@@ -1,11 +1,13 @@
 """The master's driver of the scheduler state machine: events in from the API and the agents, its
 commands carried out with the store and the executors. It decides nothing of its own.
 
-`Controller.feed(event)` hands one event to `hopsmgr.control.machine.SchedulerMachine`, writes the
-records of the `Persist` that comes back (one transaction, or the open group commit for heartbeats),
-then carries out the node commands in tasks of their own (hopsmgr.master.commands) and wakes the
-round loop when the machine asks for a plan. Submissions are grouped: every submission of ~2 ms is
-handed to the machine and stored in one transaction, and a job is visible only once it committed.
+`Controller.feed(event)` hands one event to `hopsmgr.control.machine.SchedulerMachine`, hands the
+records of the `Persist` that comes back to the store writer (hopsmgr.master.writer: on a thread of
+its own once the master runs, `start_writer`), then, once they are committed, carries out the node
+commands in tasks of their own (hopsmgr.master.commands); it wakes the round loop at once when the
+machine asks for a plan. Node commands go out in the order their events came, also those whose event
+recorded nothing (they wait for the writes before them). A submission's reply, a cancel's and a
+heartbeat's wait for their own writes (`durable`); a job is visible only once its write committed.
 Heartbeats and node health live in hopsmgr.master.heartbeats. The clock is injected (`clock`).
 """
 
@@ -17,17 +19,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import structlog
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.control.commands import (
-    AttemptRow,
     CheckpointAndStop,
     Command,
-    JobChange,
-    JobNote,
     LaunchAttempt,
     Persist,
     PlanSoon,
@@ -35,7 +35,6 @@ from hopsmgr.control.commands import (
     StartProfiling,
     StopAttempt,
     ThroughputSample,
-    UsageRecord,
 )
 from hopsmgr.control.events import Event, JobCancelled, JobSubmitted, NodeChanged, StateRestored
 from hopsmgr.control.machine import ControlSettings, SchedulerMachine
@@ -45,22 +44,22 @@ from hopsmgr.core.lifecycle import TERMINAL, JobState
 from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
 from hopsmgr.core.planner import Plan
 from hopsmgr.core.priority import PriorityContext
+from hopsmgr.master import persist
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.executor import Executor, NodeTarget
 from hopsmgr.master.planner_process import LoggedEstimator
 from hopsmgr.master.state import (
     JobPayload,
     NodeRecord,
-    attempt_seq,
     drain_reason_key,
-    job_row,
     load_attempt,
     load_job,
     relative,
     store_counters,
     time_profile,
 )
-from hopsmgr.master.store import Row, Store
+from hopsmgr.master.store import Row, Store, StoreError
+from hopsmgr.master.writer import InlineWriter, Op, ThreadWriter, Writer
 from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
 
@@ -128,7 +127,8 @@ class Controller:
         self.config = config
         self.settings = config.master
         self.clock = clock
-        self.store = store
+        self.store = store  # the loop's connection: reads (and writes before `start_writer`)
+        self.writer: Writer = InlineWriter(store)
         self.executor = executor
         m = config.master
         self.control_settings = ControlSettings(
@@ -160,9 +160,7 @@ class Controller:
         self.heartbeats = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self.job_seq = 0
-        self.submissions: list[tuple[JobSpec, JobPayload, str, asyncio.Future[None]]] = []
-        self.durable_waiters: list[asyncio.Future[None]] = []
-        self.commit_scheduled = False
+        self.last_write: asyncio.Future[None] | None = None  # the newest write not yet committed
         self.throughput: list[ThroughputSample] = []  # buffered history rows, written by flush()
         # Fair share: each tenant's decayed use, sampled every USAGE_SAMPLE_S (newest last).
         self.usage_history: deque[tuple[float, dict[str, float]]] = deque(maxlen=USAGE_SAMPLES)
@@ -281,144 +279,69 @@ class Controller:
     def handle(self, event: Event) -> list[Command]:
         return self.machine.handle(event, self.clock())
 
-    def feed(self, event: Event, *, grouped: bool = False) -> list[Command]:
-        """Hand `event` to the machine, store what it records, act on its commands; the commands."""
+    def feed(self, event: Event, *, written: list[asyncio.Future[None]] | None = None) -> list[Command]:
+        """Hand `event` to the machine, hand what it records to the writer, act on its commands once
+        that is committed; the commands. The write's future (if any) is added to `written`."""
         commands = self.handle(event)
-        self.persist(commands, grouped=grouped)
-        self.dispatch(commands)
+        future = self.persist(commands)
+        if future is not None and written is not None:
+            written.append(future)
+        self.dispatch(commands, after=future)
         return commands
 
-    def persist(self, commands: Iterable[Command], *, grouped: bool = False) -> None:
-        persists = [c for c in commands if isinstance(c, Persist)]
-        if not persists:
+    def persist(self, commands: Iterable[Command]) -> asyncio.Future[None] | None:
+        """Hand the records of the `Persist` commands to the writer (one write); its future, or None
+        when there was nothing to write or it is already committed (raises StoreError if it failed)."""
+        ops: list[Op] = []
+        for c in commands:
+            if isinstance(c, Persist):
+                self.write(c.records, c.stimulus_id, ops)
+        return self.store_ops(ops)
+
+    def store_ops(self, ops: list[Op]) -> asyncio.Future[None] | None:
+        """Hand `ops` to the writer as one write (see `persist`)."""
+        if not ops:
+            return None
+        future = self.writer.write(ops)
+        if future is not None:
+            self.last_write = future
+        return future
+
+    def then(self, written: asyncio.Future[None] | None, act: Callable[[], None]) -> None:
+        """Run `act` once `written` is committed, after what every earlier write waits for (at once when
+        nothing waits); not at all if `written` failed (the writer logged why)."""
+        own = written is not None
+        if written is None and self.writer.pending():
+            written = self.last_write
+        if written is None or (written.done() and not own):
+            act()
             return
-        if grouped:
-            with self.store.grouped():
-                for p in persists:
-                    self.write(p.records, p.stimulus_id)
-            self.commit_soon()
-        else:
-            with self.store.transaction():
-                for p in persists:
-                    self.write(p.records, p.stimulus_id)
 
-    def write(self, records: Sequence[object], stimulus: str = "") -> None:
-        """Store the machine's records (inside the caller's transaction) and log each change."""
-        store = self.store
-        for record in records:
-            if isinstance(record, JobChange):
-                self._write_change(record)
-                if record.old is None:
-                    job = self.machine.state.jobs.get(record.job_id)
-                    tenant, user = (job.spec.tenant, job.spec.user) if job else ("", "")
-                    log.info(
-                        "job_submitted", job_id=record.job_id, tenant=tenant, user=user, stimulus=stimulus
-                    )
-                else:
-                    log.info(
-                        "job_state",
-                        job_id=record.job_id,
-                        state=record.new.value,
-                        kind=record.kind,
-                        message=record.message,
-                        stimulus=stimulus,
-                    )
-            elif isinstance(record, JobNote):
-                job = self.machine.state.jobs.get(record.job_id)
-                store.add_event(
-                    record.job_id, record.at, record.kind, job.state.value if job else None, record.message
-                )
-            elif isinstance(record, AttemptRow):
-                self._write_attempt(record)
-                if record.ended is not None:
-                    log.info(
-                        "attempt_ended",
-                        attempt_id=record.id,
-                        job_id=record.job_id,
-                        reason=record.end_reason,
-                        code=record.exit_code,
-                        stimulus=stimulus,
-                    )
-            elif isinstance(record, ThroughputSample):
-                self.throughput.append(record)
-            elif isinstance(record, UsageRecord):
-                self._write_usage(record)
-        if self.attempt_high > self.attempt_meta:  # the highest attempt number stored (read at open)
-            store.set_meta("attempt", str(self.attempt_high))
-            self.attempt_meta = self.attempt_high
+        def done(future: asyncio.Future[None]) -> None:
+            if own and (future.cancelled() or future.exception() is not None):
+                return
+            act()
 
-    def _write_usage(self, record: UsageRecord) -> None:
-        self.store.set_meta("tenant_usage", json.dumps([list(u) for u in record.usage]))
-        at = max((a for _, _, a in record.usage), default=0.0)
-        if self.usage_history and at - self.usage_history[-1][0] < USAGE_SAMPLE_S:
-            return
-        self.usage_history.append((at, {t: used for t, used, _ in record.usage}))
-        self.store.set_meta("tenant_usage_history", json.dumps(list(self.usage_history)))
+        written.add_done_callback(done)
 
-    def _write_change(self, c: JobChange) -> None:
-        store = self.store
-        if c.old is None:
-            job = self.machine.state.jobs.get(c.job_id)
-            payload = self.payloads[c.job_id]
-            if job is not None:
-                row = job_row(job, payload)
-                row.update(state=c.new.value, state_since=c.at)
-                store.insert_job(row)
-            store.add_event(c.job_id, c.at, "submitted", c.new.value, c.message)
-            return
-        values: dict[str, Any] = {
-            "state": c.new.value,
-            "state_since": c.at,
-            **store_counters(c.counters),
-            "has_checkpoint": int(c.has_checkpoint),
-        }
-        if c.new in TERMINAL:
-            values["ended"] = c.at
-            self.payloads.pop(c.job_id, None)
-            self.written.pop(c.job_id, None)
-        if c.new == JobState.FAILED:
-            values["reason"] = c.message
-        store.update_job(c.job_id, **values)
-        store.add_event(c.job_id, c.at, c.kind, c.new.value, c.message)
-        self.written[c.job_id] = c.counters["done_samples"]
+    def write(self, records: Sequence[object], stimulus: str, ops: list[Op]) -> None:
+        """The store operations for the machine's records, added to `ops` (hopsmgr.master.persist)."""
+        persist.record_ops(self, records, stimulus, ops)
 
-    def _write_attempt(self, a: AttemptRow) -> None:
-        devices = {sid: list(d) for sid, d in a.devices.items()}
-        if a.id not in self.stored_attempts:
-            self.stored_attempts.add(a.id)
-            seq = attempt_seq(a.id)
-            self.store.insert_attempt(
-                {
-                    "id": a.id,
-                    "seq": seq,
-                    "job_id": a.job_id,
-                    "placement": a.placement.as_dict(),
-                    "profiling": int(a.profiling),
-                    "epoch": self.epoch,
-                    "created": a.created,
-                    "started": a.started,
-                    "stopping": int(a.stopping),
-                    "resume": int(a.resume),
-                    "devices": devices,
-                }
-            )
-            self.attempt_high = max(self.attempt_high, seq)
-            if a.ended is None:
-                return  # the row just inserted holds all an open attempt's values
-        values: dict[str, Any] = {"started": a.started, "stopping": int(a.stopping), "devices": devices}
-        if a.ended is not None:
-            values.update(ended=a.ended, end_reason=a.end_reason, exit_code=a.exit_code, log_tail=a.log_tail)
-            self.stored_attempts.discard(a.id)
-        self.store.update_attempt(a.id, **values)
-
-    def dispatch(self, commands: Iterable[Command]) -> None:
+    def dispatch(self, commands: Iterable[Command], *, after: asyncio.Future[None] | None = None) -> None:
+        """Wake the round loop now if asked; node commands once `after` (their records) is committed."""
+        to_nodes: list[Command] = []
         for command in commands:
             if isinstance(command, PlanSoon):
                 self.wake.set()
-            elif (
-                isinstance(command, LaunchAttempt | StartProfiling | CheckpointAndStop | StopAttempt)
-                and self.on_command is not None
-            ):
+            elif isinstance(command, LaunchAttempt | StartProfiling | CheckpointAndStop | StopAttempt):
+                to_nodes.append(command)
+        if to_nodes and self.on_command is not None:
+            self.then(after, partial(self._send, to_nodes))
+
+    def _send(self, commands: list[Command]) -> None:
+        if self.on_command is not None:
+            for command in commands:
                 self.on_command(command)
 
     # -- jobs -------------------------------------------------------------------------------------------
@@ -471,7 +394,7 @@ class Controller:
         return spec
 
     async def submit(self, who: Principal, sub: Submission, run_as: str = "") -> dict[str, Any]:
-        """Validate, hand to the machine and store (grouped with others); the job's row once committed.
+        """Validate, hand to the machine and store; the job's row once committed.
         `run_as`: the Unix account its attempts run as (checked by hopsmgr.master.identity)."""
         spec = self.spec_for(who, sub)
         self.job_seq += 1
@@ -491,45 +414,29 @@ class Controller:
             sub.checkpoint_signal,
             sub.grace_s,
         )
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self.submissions:
-            asyncio.get_running_loop().call_later(0.002, self._store_submissions)
-        self.submissions.append((spec, payload, f"by {who.user} ({spec.tenant})", future))
-        await future  # the job is stored (and visible) only once its transaction committed
+        self.payloads[job_id] = payload
+        commands = self.handle(JobSubmitted(f"submit-{job_id}", spec, f"by {who.user} ({spec.tenant})"))
+        reply = next(c for c in commands if isinstance(c, Reply))
+        if reply.error is not None:
+            self.payloads.pop(job_id, None)
+            raise RequestError(reply.status, reply.error_field, reply.error)
+        ops: list[Op] = []
+        for c in commands:
+            if isinstance(c, Persist):
+                self.write(c.records, c.stimulus_id, ops)
+        ops.append(partial(Store.set_meta, key="job", value=str(seq)))
+        try:
+            written = self.store_ops(ops)
+            self.dispatch(commands, after=written)
+            if written is not None:
+                await written  # the job is stored (and visible) only once its write committed
+        except StoreError:
+            self.machine.forget(job_id)
+            self.payloads.pop(job_id, None)
+            raise
         row = self.store.job(job_id)
         assert row is not None
         return row
-
-    def _store_submissions(self) -> None:
-        """Group commit: every submission of the last ~2 ms in one transaction (one fsync)."""
-        batch, self.submissions = self.submissions, []
-        accepted: list[tuple[asyncio.Future[None], list[Command]]] = []
-        try:
-            with self.store.transaction():
-                for spec, payload, message, future in batch:
-                    self.payloads[spec.id] = payload
-                    commands = self.handle(JobSubmitted(f"submit-{spec.id}", spec, message))
-                    reply = next(c for c in commands if isinstance(c, Reply))
-                    if reply.error is not None:
-                        self.payloads.pop(spec.id, None)
-                        future.set_exception(RequestError(reply.status, reply.error_field, reply.error))
-                        continue
-                    for p in commands:
-                        if isinstance(p, Persist):
-                            self.write(p.records, p.stimulus_id)
-                    accepted.append((future, commands))
-                self.store.set_meta("job", str(max(p.seq for _, p, _, _ in batch)))
-        except Exception as exc:
-            for spec, _, _, future in batch:
-                self.machine.forget(spec.id)
-                self.payloads.pop(spec.id, None)
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for future, commands in accepted:
-            self.dispatch(commands)
-            if not future.done():
-                future.set_result(None)
 
     def _dependencies(self, who: Principal, after: tuple[str, ...]) -> tuple[str, ...]:
         """The jobs of `after` still to wait for; refused: one the submitter cannot see, or one that
@@ -562,15 +469,17 @@ class Controller:
             )
         return row
 
-    def cancel(self, who: Principal, job_id: str) -> None:
+    async def cancel(self, who: Principal, job_id: str) -> None:
+        """Cancel the job; returns once that is stored."""
         self.visible(who, job_id)
         commands = self.handle(JobCancelled(f"cancel-{job_id}", job_id, by=who.user))
         reply = next((c for c in commands if isinstance(c, Reply)), None)
         if reply is not None and reply.error is not None:
             row = self.store.job(job_id)
             raise RequestError(409, "id", f"job {job_id} already ended ({row['state'] if row else '?'})")
-        self.persist(commands)
-        self.dispatch(commands)
+        written = self.persist(commands)
+        self.dispatch(commands, after=written)
+        await self.durable([written] if written is not None else [])
 
     def target(self, node_id: str) -> NodeTarget:
         return NodeTarget(node_id, self.nodes[node_id].workdir)
@@ -598,41 +507,39 @@ class Controller:
         ]
         if not rows and not dirty:
             return
-        with self.store.transaction():
-            for t in rows:
-                self.store.add_throughput(t.job_id, t.at, t.placement.as_dict(), t.samples_per_s)
-            for job in dirty:
-                self.store.update_job(job.id, **store_counters(job.counters()))
-                self.written[job.id] = job.done_samples
+        ops: list[Op] = [
+            partial(
+                Store.add_throughput,
+                job_id=t.job_id,
+                time=t.at,
+                placement=t.placement.as_dict(),
+                rate=t.samples_per_s,
+            )
+            for t in rows
+        ]
+        for job in dirty:
+            values = store_counters(job.counters())
+            ops.append(partial(persist.store_job_counters, job_id=job.id, values=values))
+            self.written[job.id] = job.done_samples
+        self.store_ops(ops)
 
-    # -- group commit -------------------------------------------------------------------------------------
+    # -- durability -------------------------------------------------------------------------------------
 
-    async def durable(self) -> None:
-        """Wait until the open group commit is on disk: one commit every ~3 ms for all heartbeats."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.durable_waiters.append(future)
-        self.commit_soon()
-        await future
+    def start_writer(self) -> None:
+        """From now on the records are written on a thread of their own, with a connection of its own
+        (hopsmgr.master.writer), so that statements and fsyncs do not hold up the event loop."""
+        self.writer = ThreadWriter(self.store.sibling(), asyncio.get_running_loop())
 
-    def commit_soon(self) -> None:
-        """Commit the open group within ~3 ms (for records of what already happened)."""
-        if not self.commit_scheduled:
-            self.commit_scheduled = True
-            asyncio.get_running_loop().call_later(0.003, self._commit_group)
+    def close_writer(self) -> None:
+        """Commit what waits and stop the writer's thread (writes go on the loop's connection again)."""
+        writer, self.writer = self.writer, InlineWriter(self.store)
+        writer.close()
 
-    def _commit_group(self) -> None:
-        from hopsmgr.master.store import StoreError
+    async def durable(self, written: Iterable[asyncio.Future[None]]) -> None:
+        """Wait until the writes `written` are committed (StoreError if one could not be)."""
+        for future in written:
+            await future
 
-        self.commit_scheduled = False
-        waiters, self.durable_waiters = self.durable_waiters, []
-        try:
-            self.store.commit_group()
-        except StoreError as exc:
-            log.critical("state_not_written", error=str(exc))
-            for future in waiters:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
+    async def settled(self) -> None:
+        """Wait until everything handed to the writer so far is committed (or failed)."""
+        await self.writer.settled()

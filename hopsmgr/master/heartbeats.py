@@ -3,14 +3,17 @@
 A heartbeat updates the node's own record (work directory, calibration, device mode), then hands the
 machine a `NodeBeat`, an `AttemptEnded` for every attempt the agent reports finished, and a
 `NodeReported` with what still runs (the machine adopts, follows, resends stops, and ends attempts the
-node no longer runs, and names what the agent must stop). Everything it records joins the open group
-commit, which `Controller.durable()` makes durable before the reply. `check_health` is the machine's
-HealthTick; commands that could not reach a node become NodeCommandFailed.
+node no longer runs, and names what the agent must stop). The reply waits until what the heartbeat
+recorded is committed (`Controller.durable`), so an acknowledged end is on disk; a reply that names
+attempts to stop waits for every write before it too. `check_health` is the machine's HealthTick;
+commands that could not reach a node become NodeCommandFailed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from functools import partial
 
 import structlog
 
@@ -30,12 +33,17 @@ from hopsmgr.master.controller import Controller
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.executor import ExecutorError
 from hopsmgr.master.state import NodeRecord, calibration_json, drain_reason_key
+from hopsmgr.master.store import Store
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, HeartbeatReply, Progress
 
 log = structlog.get_logger("hopsmgr.master")
 
 
-def heartbeat(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
+Written = list[asyncio.Future[None]]
+
+
+def heartbeat(ctl: Controller, beat: Heartbeat) -> tuple[HeartbeatReply, Written]:
+    """The reply, and the writes it must wait for before it is sent (`Controller.durable`)."""
     t0 = time.perf_counter()
     node = ctl.nodes.get(beat.node)
     if node is None:
@@ -52,37 +60,54 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     first = not node.seen
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"
-    with ctl.store.grouped():  # one savepoint in the open group commit for the whole heartbeat
-        stop, ack = _handle(ctl, stim, node, beat, changed, first)
+    written: Written = []
+    stop, ack = _handle(ctl, stim, node, beat, changed, first, written)
+    if stop and ctl.last_write is not None and not ctl.last_write.done():
+        written.append(ctl.last_write)  # the decisions to stop them are durable before the node acts
     ctl.heartbeats += 1
     ctl.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
     calibrate, node.calibrate_requested = node.calibrate_requested, False
-    return HeartbeatReply(ctl.epoch, ctl.settings.heartbeat_interval_s, tuple(ack), stop, calibrate=calibrate)
+    reply = HeartbeatReply(
+        ctl.epoch, ctl.settings.heartbeat_interval_s, tuple(ack), stop, calibrate=calibrate
+    )
+    return reply, written
 
 
 def _handle(
-    ctl: Controller, stim: str, node: NodeRecord, beat: Heartbeat, changed: bool, first: bool
+    ctl: Controller,
+    stim: str,
+    node: NodeRecord,
+    beat: Heartbeat,
+    changed: bool,
+    first: bool,
+    written: Written,
 ) -> tuple[tuple[str, ...], list[str]]:
     was = node.health
-    ctl.feed(NodeBeat(stim, node.id, beat.healthy, node.effective_server(), node.usable_gpus), grouped=True)
+    beat_event = NodeBeat(stim, node.id, beat.healthy, node.effective_server(), node.usable_gpus)
+    ctl.feed(beat_event, written=written)
     if was != node.health and node.health == NodeHealth.HEALTHY:
         log.info("node_healthy", node=node.id, was=was)
     if changed:
-        with ctl.store.grouped():
-            ctl.store.upsert_node(node.to_row())
+        _store(ctl, written, partial(Store.upsert_node, row=node.to_row()))
     ack = []
     for fin in beat.finished:
         ack.append(fin.attempt)
-        ctl.feed(_ended(ctl, stim, node.id, fin), grouped=True)
+        ctl.feed(_ended(ctl, stim, node.id, fin, written), written=written)
     running = tuple(_run_report(run.attempt, run.progress) for run in beat.running)
     commands = ctl.feed(
-        NodeReported(stim, node.id, running, tuple(f.attempt for f in beat.finished), first), grouped=True
+        NodeReported(stim, node.id, running, tuple(f.attempt for f in beat.finished), first), written=written
     )
     stop: tuple[str, ...] = ()
     for command in commands:
         if isinstance(command, NodeReply):
             stop = command.stop
     return stop, ack
+
+
+def _store(ctl: Controller, written: Written, *ops: partial[None]) -> None:
+    future = ctl.store_ops(list(ops))
+    if future is not None:
+        written.append(future)
 
 
 def _run_report(attempt_id: str, progress: Progress | None) -> RunReport:
@@ -98,7 +123,7 @@ def _run_report(attempt_id: str, progress: Progress | None) -> RunReport:
     )
 
 
-def _ended(ctl: Controller, stim: str, node_id: str, fin: FinishedAttempt) -> AttemptEnded:
+def _ended(ctl: Controller, stim: str, node_id: str, fin: FinishedAttempt, written: Written) -> AttemptEnded:
     attempt = ctl.machine.state.attempts.get(fin.attempt)
     job = ctl.machine.state.jobs.get(attempt.job_id) if attempt is not None else None
     done = None
@@ -108,8 +133,15 @@ def _ended(ctl: Controller, stim: str, node_id: str, fin: FinishedAttempt) -> At
     if profile is not None and attempt is not None and job is not None and attempt.profiling:
         server = ctl.nodes[attempt.primary].effective_server()
         cal = {**calibration_json(server.calibration), "source": server.calibration.source}
-        with ctl.store.grouped():
-            ctl.store.add_profile(job.id, server.gpu_type, fin.profile or {}, cal, ctl.clock())
+        add = partial(
+            Store.add_profile,
+            job_id=job.id,
+            gpu_type=server.gpu_type,
+            profile=fin.profile or {},
+            calibration=cal,
+            time=ctl.clock(),
+        )
+        _store(ctl, written, add)
     code = fin.code if fin.code is not None else (-fin.signal if fin.signal else None)
     vanished = fin.code is None and fin.signal is None and not fin.checkpointed
     return AttemptEnded(
@@ -177,17 +209,23 @@ def request_calibration(ctl: Controller, node_id: str) -> NodeRecord:
     return node
 
 
-def set_drained(ctl: Controller, node_id: str, drained: bool, reason: str = "") -> NodeRecord:
+async def set_drained(ctl: Controller, node_id: str, drained: bool, reason: str = "") -> NodeRecord:
+    """Drain or undrain the node; returns once that is stored."""
     node = ctl.nodes.get(node_id)
     if node is None:
         raise RequestError(404, "node", f"no node {node_id!r}")
-    commands = ctl.feed(NodeDrained(f"drain-{node_id}", node_id, drained))
+    written: Written = []
+    commands = ctl.feed(NodeDrained(f"drain-{node_id}", node_id, drained), written=written)
     for command in commands:
         if isinstance(command, Reply) and command.error is not None:
             raise RequestError(command.status, command.error_field, command.error)
     node.drain_reason = reason if drained else ""
-    with ctl.store.transaction():
-        ctl.store.upsert_node(node.to_row())
-        ctl.store.set_meta(drain_reason_key(node_id), node.drain_reason)
+    _store(
+        ctl,
+        written,
+        partial(Store.upsert_node, row=node.to_row()),
+        partial(Store.set_meta, key=drain_reason_key(node_id), value=node.drain_reason),
+    )
+    await ctl.durable(written)
     log.info("node_drained" if drained else "node_undrained", node=node_id, reason=node.drain_reason)
     return node

@@ -205,6 +205,11 @@ class PgStore(Store):
     def describe(self) -> str:
         return redact(self.url)
 
+    def sibling(self) -> PgStore:
+        other = PgStore(self.url)
+        other.fence(self._fence)
+        return other
+
     def close(self) -> None:
         try:
             self.commit_group()

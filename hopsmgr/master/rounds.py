@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 import structlog
@@ -28,6 +29,8 @@ from hopsmgr.master.commands import rendezvous_port, torchrun_argv
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.heartbeats import check_health
 from hopsmgr.master.planner_process import PlannerProcess
+from hopsmgr.master.store import Store
+from hopsmgr.master.writer import Op
 from hopsmgr.policies.base import HopsPolicy, Policy
 
 log = structlog.get_logger("hopsmgr.master")
@@ -157,16 +160,20 @@ class RoundLoop:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def _act(self, commands: list[Command]) -> tuple[int, int]:
-        """Store the plan's records, then hand its node commands to the executors."""
+        """Hand the plan's records to the writer; its node commands go out once they are committed."""
         ctl = self.ctl
         records = [r for c in commands if isinstance(c, Persist) for r in c.records]
         created = [r for r in records if isinstance(r, AttemptRow) and r.id not in ctl.stored_attempts]
         stops = sum(1 for c in commands if isinstance(c, CheckpointAndStop))
         faults.point("launch.before_store" if created or stops else "")  # test-only crash hooks
-        ctl.persist(commands)
-        faults.point("launch.after_store" if created else "")
-        faults.point("stop.after_store" if stops else "")
-        ctl.dispatch(commands)
+        written = ctl.persist(commands)
+
+        def stored() -> None:
+            faults.point("launch.after_store" if created else "")
+            faults.point("stop.after_store" if stops else "")
+
+        ctl.then(written, stored)
+        ctl.dispatch(commands, after=written)
         return len(created), stops
 
     def _record(
@@ -178,7 +185,7 @@ class RoundLoop:
         self.solve_s.append(plan.stats.total_s)
         del self.round_s[:-1000], self.solve_s[:-1000]
         self.rounds += 1
-        jobs = ctl.state.jobs.values()
+        counts = ctl.machine.state.counts
         record = {
             "time": request.snapshot.now,
             "kind": plan.kind,
@@ -188,8 +195,8 @@ class RoundLoop:
             "proven": int(plan.stats.proven),
             "launches": launches,
             "stops": stops,
-            "queued": sum(1 for j in jobs if j.state == JobState.QUEUED),
-            "running": sum(1 for j in jobs if j.state == JobState.RUNNING),
+            "queued": counts.get(JobState.QUEUED, 0),
+            "running": counts.get(JobState.RUNNING, 0),
             "idle_gpus": plan.idle_gpus,
         }
         self.last = record
@@ -197,9 +204,10 @@ class RoundLoop:
             # The estimator's state (all it learnt) is saved every ESTIMATOR_SAVE_S; profiles are stored
             # as they arrive, so a crash loses at most that long of running observations.
             save = plan.kind == "first" and time.monotonic() - self.estimator_saved >= ESTIMATOR_SAVE_S
-            with ctl.store.transaction():
-                ctl.store.add_round(record)
-                if save:
-                    ctl.store.save_estimator(ctl.estimator.export_state(), request.snapshot.now)
+            ops: list[Op] = [partial(Store.add_round, row=dict(record))]
+            if save:
+                state = ctl.estimator.export_state()
+                ops.append(partial(Store.save_estimator, state=state, now=request.snapshot.now))
+            ctl.store_ops(ops)
             if save:
                 self.estimator_saved = time.monotonic()

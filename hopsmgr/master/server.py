@@ -19,6 +19,7 @@ import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -247,6 +248,7 @@ class MasterProcess:
         checkpoints.mkdir(parents=True, exist_ok=True)
         ctl.open(str(checkpoints))
         store.fence(ctl.epoch)
+        ctl.start_writer()  # records from here on are written off the event loop (fenced the same)
         identity.seed_users(store, self.config, ctl.clock())
         if store.count_tokens(admin=True) == 0:
             token = new_token()
@@ -298,10 +300,13 @@ class MasterProcess:
         if self.ctl is not None:
             for task in list(self.ctl.tasks):
                 task.cancel()
+            self.ctl.on_command = None  # writes still waiting commit below; their commands stay unsent
             self.ctl.flush()
             # what the estimator learnt since its last save
-            with contextlib.suppress(Exception), self.ctl.store.transaction():
-                self.ctl.store.save_estimator(self.ctl.estimator.export_state(), self.ctl.clock())
+            with contextlib.suppress(Exception):
+                state = self.ctl.estimator.export_state()
+                self.ctl.store_ops([partial(Store.save_estimator, state=state, now=self.ctl.clock())])
+            self.ctl.close_writer()
             await self.ctl.executor.close()
         if self.runner is not None:
             await self.runner.cleanup()

@@ -263,6 +263,25 @@ class Store:
         self._depth = 0
         self._exec("RELEASE SAVEPOINT grouped")
 
+    @contextmanager
+    def savepoint(self) -> Iterator[None]:
+        """Inside a transaction: a block rolled back alone if it fails (hopsmgr.master.writer: each
+        write of a batch)."""
+        assert self._depth, "a savepoint needs an open transaction"
+        self._exec("SAVEPOINT one_write")
+        try:
+            yield
+        except BaseException:
+            if self._in_transaction():
+                self._exec("ROLLBACK TO SAVEPOINT one_write")
+                self._exec("RELEASE SAVEPOINT one_write")
+            raise
+        self._exec("RELEASE SAVEPOINT one_write")
+
+    def sibling(self) -> Store:
+        """A second connection to the same state (the store writer's thread), fenced like this one."""
+        return Store(self.path)
+
     def commit_group(self) -> None:
         """Make the open group commit durable (no-op when none is open)."""
         if self._group_open:

@@ -89,6 +89,8 @@ class InProcessCluster:
         state = ctl.machine.state
 
         async def snapshot() -> tuple[Any, ...]:  # read on the loop's thread: a consistent view
+            while ctl.writer.pending():  # every record handed to the store writer committed
+                await ctl.settled()
             rows = {r["id"]: r for r in ctl.store.jobs()}
             attempts = [a for job_id in rows for a in ctl.store.attempts(job_id)]
             held = state.held()

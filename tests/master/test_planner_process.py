@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.model import ClusterSnapshot
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
-from hopsmgr.master.planner_process import PlannerProcess
+from hopsmgr.master.planner_process import PlannerProcess, dumps_request, interned, loads_request
 from hopsmgr.policies.base import HopsPolicy
 from tests.helpers.fakes import stalling_cbc as fake_cbc
 
@@ -110,3 +111,48 @@ def test_the_worker_follows_the_estimator_by_its_updates() -> None:
     inline = compute_plan(request_of(inst.snapshot, 2), HopsPolicy(settings), estimator, time.perf_counter)
     assert ready.plan.assignments == inline.plan.assignments
     assert ready.plan.stats.objective == pytest.approx(inline.plan.stats.objective)
+
+
+def test_a_request_sends_again_only_the_specs_and_servers_the_worker_does_not_hold() -> None:
+    inst = busy_instance(4, 64, 60)
+    snap = inst.snapshot
+    first = request_of(snap)
+    whole = dumps_request((first, None, []), {})
+    known = interned(first)
+    again = dumps_request((request_of(snap, 2), None, []), known)
+    assert len(again) < 0.6 * len(whole)  # specs and servers travel as references
+    assert loads_request(whole, {}) == (first, None, [])
+    assert loads_request(again, known) == (request_of(snap, 2), None, [])
+    # a job whose spec object changed (same id) and a new job travel whole; a job gone is dropped
+    changed = replace(snap.jobs[0], spec=replace(snap.jobs[0].spec, name="renamed"))
+    new = replace(snap.jobs[1], spec=replace(snap.jobs[1].spec, id="j-new"))
+    third = request_of(replace(snap, jobs=(changed, new, *snap.jobs[2:-1])), 3)
+    decoded, _, _ = loads_request(dumps_request((third, None, []), known), known)
+    assert decoded == third and decoded.snapshot.jobs[0].spec.name == "renamed"
+    assert ("spec", snap.jobs[-1].spec.id) not in interned(third)
+    with pytest.raises(ValueError, match="holds no spec"):
+        loads_request(dumps_request((third, None, []), interned(third)), {})
+
+
+def test_successive_requests_to_one_worker_give_the_inline_plans() -> None:
+    inst = busy_instance(3, 64, 40)
+    settings = SchedulerSettings(solver="exact")
+    snap = inst.snapshot
+    later = replace(snap, jobs=snap.jobs[5:], now=snap.now + 60)
+    worker = PlannerProcess(settings)
+    worker.start()
+
+    async def both() -> list[object]:
+        out = []
+        for i, s in enumerate((snap, later), start=1):
+            out.append(await worker.plan(request_of(s, i), inst.estimator, time.monotonic() + 120))
+        return out
+
+    try:
+        answers = asyncio.run(both())
+    finally:
+        worker.stop()
+    for i, (s, ready) in enumerate(zip((snap, later), answers, strict=True), start=1):
+        inline = compute_plan(request_of(s, i), HopsPolicy(settings), inst.estimator, time.perf_counter)
+        assert ready.plan.stats.method != "fallback"  # type: ignore[attr-defined]
+        assert ready.plan.assignments == inline.plan.assignments  # type: ignore[attr-defined]

@@ -98,6 +98,8 @@ class SchedulerMachine:
         self.inflight: int | None = None  # the plan request not answered yet
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
+        # the GPU types for which state.unprofiled was last trimmed (a new type: every job is again)
+        self._profiled_on: frozenset[str] = frozenset()
         self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
         # when a submission last found no idle GPU: the submissions right after it (no other event in
         # between, within IDLE_RECHECK_S) take the cluster as still full
@@ -490,13 +492,19 @@ class SchedulerMachine:
         to_profile = []
         starving = set()
         if s.profiling:
-            for job in state.jobs.values():
-                if state.waits_for(job):  # --after: not even profiled before its dependencies end
+            if self._profiled_on != state.gpu_types:
+                self._profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
+            # at 10,000 queued jobs asking the estimator about each one was most of a plan request:
+            # a job profiled on every GPU type leaves `unprofiled` (profiles are kept for its life)
+            for job_id in list(state.unprofiled):
+                job = state.jobs[job_id]
+                if job.spec.after and state.waits_for(job):  # --after: not profiled before they end
                     continue
                 if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
                     if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
                         job.id
                     ):
+                        del state.unprofiled[job_id]
                         continue
                     to_profile.append(job.spec)
                     waited = self._now - job.spec.submit_time >= s.scheduler.round_seconds
@@ -505,7 +513,7 @@ class SchedulerMachine:
                     ):
                         starving.add(job.id)
         if kind == "first":
-            waiting = any(j.state in (JobState.PENDING, JobState.QUEUED) for j in state.jobs.values())
+            waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))
             if not (snapshot.jobs or to_profile) or not (self.changed or waiting):
                 return  # level-triggered: nothing waits and nothing changed, the plan would be the same
             self.changed = False

@@ -137,6 +137,9 @@ class ControlState:
     type_gpus: dict[str, int] = field(default_factory=dict)  # configured GPUs per type
     counts: dict[JobState, int] = field(default_factory=dict)  # live jobs per state
     usage: dict[str, TenantUsage] = field(default_factory=dict)  # fair share: decayed use per tenant
+    # live jobs not yet known to have a profile on every GPU type (in the order of `jobs`): the ones
+    # a plan request looks at for profiling (the machine drops those it finds profiled everywhere)
+    unprofiled: dict[JobId, None] = field(default_factory=dict, repr=False, compare=False)
     # GPUs per node that launched open attempts hold now, and that open attempts will hold once their
     # stops end (ControlState.held), kept as attempts open, change and end
     claimed_now: dict[ServerId, int] = field(default_factory=dict, repr=False, compare=False)
@@ -144,10 +147,12 @@ class ControlState:
 
     def add_job(self, job: Job) -> None:
         self.jobs[job.id] = job
+        self.unprofiled[job.id] = None
         self.counts[job.state] = self.counts.get(job.state, 0) + 1
 
     def pop_job(self, job_id: JobId) -> Job | None:
         job = self.jobs.pop(job_id, None)
+        self.unprofiled.pop(job_id, None)
         if job is not None:
             self.counts[job.state] -= 1
             if not self.counts[job.state]:

@@ -7,11 +7,12 @@ decayed total; `current_usage` reads it at `now` without changing it (for snapsh
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from hopsmgr.core import fairshare
 from hopsmgr.core.fairshare import TenantUsage
-from hopsmgr.core.model import GpuType
+from hopsmgr.core.model import GpuType, Server, ServerId
 
 if TYPE_CHECKING:
     from hopsmgr.control.machine import SchedulerMachine
@@ -19,18 +20,23 @@ if TYPE_CHECKING:
 
 
 def charge_attempt(
-    m: SchedulerMachine, attempt: Attempt, now: float, reference: GpuType | None = None
+    m: SchedulerMachine,
+    attempt: Attempt,
+    now: float,
+    reference: GpuType | None = None,
+    servers: Mapping[ServerId, Server] | None = None,
 ) -> None:
-    """Charge `attempt`'s tenant up to `now` (`reference` as `reference_type` gives it, when the
-    caller charges many attempts at once)."""
+    """Charge `attempt`'s tenant up to `now` (`reference` as `reference_type` gives it, and `servers`
+    every node's server, when the caller charges many attempts at once)."""
     job = m.state.jobs.get(attempt.job_id)
     if job is None or attempt.started is None:
         return
     since = max(attempt.started, attempt.charged_until)
     if now <= since:
         return
-    nodes = m.state.nodes
-    servers = {sid: nodes[sid].server for sid, _ in attempt.placement.parts if sid in nodes}
+    if servers is None:
+        nodes = m.state.nodes
+        servers = {sid: nodes[sid].server for sid, _ in attempt.placement.parts if sid in nodes}
     ref = reference_type(m) if reference is None else reference
     rate = fairshare.charge_rate(job.spec, attempt.placement, servers, ref, m.estimator)
     tenant = job.spec.tenant
@@ -47,8 +53,9 @@ def reference_type(m: SchedulerMachine) -> GpuType:
 
 def charge_all(m: SchedulerMachine, now: float) -> None:
     reference = reference_type(m)
+    servers = {sid: node.server for sid, node in m.state.nodes.items()}
     for attempt in list(m.state.attempts.values()):
-        charge_attempt(m, attempt, now, reference)
+        charge_attempt(m, attempt, now, reference, servers)
 
 
 def current_usage(state: ControlState, now: float, half_life_h: float) -> dict[str, float]:

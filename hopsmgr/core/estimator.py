@@ -490,6 +490,13 @@ class Estimator:
         self._cache.pop(job_id, None)
         self._type_cache.pop(job_id, None)
 
+    def prepare_export(self, job_id: JobId) -> None:
+        """Make the export rows of `job_id`'s profiles now (an export makes the missing ones; a caller
+        that exports rarely but must not stall when it does, the master, makes them as they change)."""
+        for gpu_type, entry in self._profiles.get(job_id, {}).items():
+            if entry.row is None:
+                _profile_row(job_id, gpu_type, entry)
+
     def export_state(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of profiles and observations; `from_state` restores it exactly.
         Read-only: its profile rows are shared with later exports until their entry changes."""

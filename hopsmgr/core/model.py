@@ -277,9 +277,14 @@ class TenantQuota:
 
 
 @_fast_pickle
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JobView:
-    """A live job as the planner sees it at one instant (`now` of the snapshot)."""
+    """A live job as the planner sees it at one instant (`now` of the snapshot).
+
+    Immutable like the rest of this module, by convention only: a plan request builds one per live job
+    (10,000 and more), and a frozen dataclass, which sets each field through object.__setattr__, took
+    ten times as long to build (30 ms against 3 ms for 10,000). Nothing assigns to a view once built;
+    to change one, build another (`dataclasses.replace`)."""
 
     spec: JobSpec
     done_samples: float = 0.0

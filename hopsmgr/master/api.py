@@ -9,6 +9,7 @@ is good only for agent heartbeats. Bodies are limited in size and validated stri
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import secrets
@@ -222,7 +223,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     who = principal(request)
     ctl = request.app[CTL]
     jid = job_id(request)
-    ctl.cancel(who, jid)
+    await ctl.cancel(who, jid)
     return web.json_response(views.job_summary(ctl, ctl.visible(Principal("", "", admin=True), jid)))
 
 
@@ -251,10 +252,21 @@ async def dry_run(request: web.Request) -> web.Response:
     return web.json_response(await request.app[WHAT_IFS].dry_run(who, sub))
 
 
+NODES_PER_SLICE = 100  # a listing of 1,000 nodes is built in slices, the loop serving others between
+
+
 async def list_nodes(request: web.Request) -> web.Response:
+    """Every node; built and encoded in slices (each node's view is of one moment, not all of them)."""
     principal(request)
     ctl = request.app[CTL]
-    return web.json_response({"nodes": [views.node_view(ctl, n) for n in ctl.state.nodes.values()]})
+    nodes = list(ctl.state.nodes.values())
+    parts = []
+    for start in range(0, len(nodes), NODES_PER_SLICE):
+        views_ = [views.node_view(ctl, n) for n in nodes[start : start + NODES_PER_SLICE]]
+        parts.append(json.dumps(views_)[1:-1])
+        await asyncio.sleep(0)
+    text = '{"nodes": [' + ", ".join(p for p in parts if p) + "]}"
+    return web.Response(text=text, content_type="application/json")
 
 
 async def show_node(request: web.Request) -> web.Response:
@@ -272,7 +284,7 @@ def _drain(drained: bool) -> Handler:
         admin(request)
         ctl = request.app[CTL]
         reason = parse_drain_request(await body(request)).reason if drained else ""
-        node = heartbeats.set_drained(ctl, node_id(request), drained, reason)
+        node = await heartbeats.set_drained(ctl, node_id(request), drained, reason)
         return web.json_response(views.node_view(ctl, node))
 
     return handler
@@ -370,8 +382,8 @@ async def heartbeat(request: web.Request) -> web.Response:
     if isinstance(raw, dict):
         check_protocol(raw)
     ctl = request.app[CTL]
-    reply = heartbeats.heartbeat(ctl, parse_heartbeat(raw))
-    await ctl.durable()  # acks only once what they acknowledge is on disk
+    reply, written = heartbeats.heartbeat(ctl, parse_heartbeat(raw))
+    await ctl.durable(written)  # acks only once what they acknowledge is on disk
     return web.json_response(reply.to_json())
 
 

@@ -9,7 +9,10 @@ attempt; the primary part's answer ends it (`AttemptEnded`), unless a heartbeat 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections import deque
+from functools import partial
 
 import structlog
 
@@ -21,6 +24,7 @@ from hopsmgr.master import checkpoints, faults
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError, LaunchOrder
 from hopsmgr.master.heartbeats import node_error
+from hopsmgr.master.store import Store
 from hopsmgr.runtime.balance import format_shares
 
 log = structlog.get_logger("hopsmgr.master")
@@ -50,16 +54,39 @@ def torchrun_argv(
     ]
 
 
-def attach(ctl: Controller) -> None:
-    """Let the controller hand every node command to a task of its own."""
+# Node commands started per turn of the event loop. A plan may launch a thousand attempts at once; a
+# task each, all started in one turn, would run their first steps before the loop next reads its
+# sockets, and hold up every heartbeat and API call behind them as one long callback would.
+COMMANDS_PER_TURN = 32
 
-    def on_command(command: Command) -> None:
+
+def attach(ctl: Controller) -> None:
+    """Let the controller hand every node command to a task of its own, started in order, at most
+    COMMANDS_PER_TURN per turn of the event loop."""
+    outbox: deque[Command] = deque()
+    starting: list[asyncio.Task[None]] = []
+
+    def start(command: Command) -> None:
         if isinstance(command, LaunchAttempt | StartProfiling):
             ctl.spawn(launch(ctl, command))
         elif isinstance(command, CheckpointAndStop):
             ctl.spawn(stop(ctl, command, checkpoint=True))
         elif isinstance(command, StopAttempt):
             ctl.spawn(stop(ctl, command, checkpoint=False))
+
+    async def start_all() -> None:
+        try:
+            while outbox:
+                for _ in range(min(COMMANDS_PER_TURN, len(outbox))):
+                    start(outbox.popleft())
+                await asyncio.sleep(0)
+        finally:
+            starting.clear()
+
+    def on_command(command: Command) -> None:
+        outbox.append(command)
+        if not starting:
+            starting.append(ctl.spawn(start_all()))
 
     ctl.on_command = on_command
 
@@ -180,8 +207,8 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
         # anything else is the node's (unreachable, refused): the job goes back to the queue.
         ctl.feed(AttemptLaunchFailed(command.stimulus_id, attempt.id, exc.kind == "failed", str(exc)))
         return
-    # a record of what happened: a crash before the group commit is repaired by adoption
-    ctl.feed(AttemptStarted(command.stimulus_id, attempt.id), grouped=True)
+    # a record of what happened: a crash before it is written is repaired by adoption
+    ctl.feed(AttemptStarted(command.stimulus_id, attempt.id))
 
 
 async def bring_checkpoint(ctl: Controller, attempt: Attempt) -> None:
@@ -199,8 +226,14 @@ async def bring_checkpoint(ctl: Controller, attempt: Attempt) -> None:
 
     def note(kind: str, message: str) -> None:
         job = ctl.machine.state.jobs.get(job_id)
-        with ctl.store.transaction():
-            ctl.store.add_event(job_id, ctl.clock(), kind, job.state.value if job else None, message)
+        state = job.state.value if job else None
+        ctl.store_ops(
+            [
+                partial(
+                    Store.add_event, job_id=job_id, time=ctl.clock(), kind=kind, state=state, message=message
+                )
+            ]
+        )
 
     if source not in ctl.nodes or ctl.nodes[source].health == NodeHealth.LOST:
         note("checkpoint_not_moved", f"{source} is gone: resumes from what the new nodes hold")

@@ -113,6 +113,15 @@ class Forecaster:
         self.token = uuid.uuid4().hex
         self.resend = True
         self.what_if_worker = WorkerProcess("hopsmgr-what-if")
+        # The estimator as it was when this forecaster began to follow it (at the master's start, when
+        # exporting it is cheap or done before serving), and every update since: what a worker without
+        # a copy is sent, instead of a whole export taken on the loop later (0.23 s at 10,000 jobs).
+        self.base: dict[str, Any] | None = None
+        self.since_base: list[Update] = []
+        estimator = ctl.machine.estimator
+        if self.in_process and isinstance(estimator, LoggedEstimator):
+            self.base = estimator.export_state()
+            estimator.take_updates("forecast")  # follows from now on
 
     def capture(self, now: float, *, with_estimator: bool = True) -> LiveState:
         """The live state to forecast from (the machine's own records where offload will pickle them)."""
@@ -143,9 +152,14 @@ class Forecaster:
         for _ in range(2):
             live = self.capture(now, with_estimator=False)
             updates = estimator.take_updates("forecast")  # (follows from now on)
-            if self.resend:
-                updates = None
-            whole = estimator.export_state() if updates is None else None
+            whole: dict[str, Any] | None = None
+            if updates is None:  # was not following (the log dropped it): the base is of no use
+                self.base, self.since_base = None, []
+            if self.resend and self.base is not None and updates is not None:
+                self.since_base += updates
+                whole, updates = self.base, self.since_base
+            elif self.resend or updates is None:
+                whole, updates = estimator.export_state(), []
             self.resend = True  # until this call has answered: a failure may have lost the updates
             found: dict[str, JobForecast] | None = await self.worker.call(
                 forecast_following,
@@ -159,6 +173,7 @@ class Forecaster:
             )
             if found is not None:
                 self.resend = False
+                self.base, self.since_base = None, []  # the worker holds its copy now
                 return found
         raise RuntimeError("the forecast worker refused the whole estimator state")
 

@@ -252,13 +252,20 @@ def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:
     }
 
 
+def used_gpus(ctl: Controller) -> dict[str, int]:
+    """GPUs each tenant's jobs hold (profiling runs not counted), in one pass over the open attempts."""
+    used: dict[str, int] = {}
+    jobs = ctl.state.jobs
+    for a in ctl.state.attempts.values():
+        job = jobs.get(a.job_id)
+        if job is not None and not a.profiling:
+            used[job.tenant] = used.get(job.tenant, 0) + a.placement.gpus
+    return used
+
+
 def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
     quota = ctl.state.tenants.get(name)
-    used = 0
-    for a in ctl.state.attempts.values():
-        job = ctl.state.jobs.get(a.job_id)
-        if job is not None and job.tenant == name and not a.profiling:
-            used += a.placement.gpus
+    used = used_gpus(ctl).get(name, 0)
     jobs = [j for j in ctl.state.jobs.values() if j.tenant == name]
     guaranteed = quota.guaranteed_gpus if quota else 0
     scheduler = ctl.control_settings.scheduler

@@ -101,3 +101,31 @@ def test_an_export_reuses_unchanged_rows_and_is_never_changed_by_a_later_update(
     assert changed[0]["data"] != kept["profiles"][0]["data"]
     assert all(a is b for a, b in zip(first["profiles"][1:], second["profiles"][1:], strict=True))
     assert type(estimator).from_state(second).export_state() == second
+
+
+def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_since_not_a_new_export() -> None:
+    sim = started(3000.0)
+    estimator = logged(sim)
+    fc = forecaster(sim)  # takes the estimator as it is now and starts following it
+    sim.advance(until=lambda: sim.now >= 6000.0)  # the estimator learns meanwhile
+    assert estimator.logs["forecast"]
+    exports = 0
+    export = estimator.export_state
+
+    def counted() -> dict[str, object]:
+        nonlocal exports
+        exports += 1
+        return export()
+
+    estimator.export_state = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        try:
+            await fc.once()
+        finally:
+            fc.close()
+
+    asyncio.run(scenario())
+    assert exports == 0 and fc.base is None and not fc.resend
+    estimator.export_state = export  # type: ignore[method-assign]
+    assert fc.ctl.forecasts == whole_state_forecast(sim)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from hopsmgr.master.controller import Controller
-from hopsmgr.master.views import current_raqlr, tenant_view
+from hopsmgr.master.views import current_raqlr, used_gpus
 
 SAMPLE_S = 10.0
 KEEP = 1080  # three hours at SAMPLE_S
@@ -33,7 +33,8 @@ class History:
         self.samples: deque[Sample] = deque(maxlen=KEEP)
 
     def sample(self, ctl: Controller) -> None:
-        used = {name: tenant_view(ctl, name)["used_gpus"] for name in sorted(ctl.state.tenants)}
+        held = used_gpus(ctl)
+        used = {name: held.get(name, 0) for name in sorted(ctl.state.tenants)}
         self.samples.append(Sample(ctl.clock(), current_raqlr(ctl), used))
 
     def series(self, tenant: str) -> list[tuple[float, float]]:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
+import pickle
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.future import FutureOptions, capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.master import live_wire
 from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.planner_process import LoggedEstimator
 from hopsmgr.sim.engine import Simulation
@@ -103,7 +108,9 @@ def test_an_export_reuses_unchanged_rows_and_is_never_changed_by_a_later_update(
     assert type(estimator).from_state(second).export_state() == second
 
 
-def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_since_not_a_new_export() -> None:
+def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_since_not_a_new_export() -> (
+    None
+):
     sim = started(3000.0)
     estimator = logged(sim)
     fc = forecaster(sim)  # takes the estimator as it is now and starts following it
@@ -129,3 +136,21 @@ def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_s
     assert exports == 0 and fc.base is None and not fc.resend
     estimator.export_state = export  # type: ignore[method-assign]
     assert fc.ctl.forecasts == whole_state_forecast(sim)
+
+
+def test_the_live_state_travels_compact_and_without_the_specs_the_worker_holds() -> None:
+    sim = started(3000.0)
+    live = capture(sim.machine, sim.now, copy_records=False, with_estimator=False)
+    whole = pickle.dumps(live_wire.encode(live, {}))
+    known = live_wire.specs_of(live)
+    again = pickle.dumps(live_wire.encode(live, known))
+    assert len(again) < len(whole)  # the specs went as job ids
+    for data, held in ((whole, {}), (again, known)):
+        back = live_wire.decode(pickle.loads(data), held)
+        assert back.jobs == live.jobs
+        assert [a.__getstate__() for a in back.attempts] == [a.__getstate__() for a in live.attempts]
+        assert dataclasses.replace(back, jobs=(), attempts=()) == dataclasses.replace(
+            live, jobs=(), attempts=()
+        )
+    with pytest.raises(ValueError, match="holds no spec"):
+        live_wire.decode(pickle.loads(again), {})

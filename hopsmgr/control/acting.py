@@ -1,8 +1,8 @@
 """Decisions that change attempts: a plan turned into ordered stops and launches, and an attempt's end.
 
-`apply_plan` compares the plan with what is placed now (hopsmgr.core.reconcile), creates the new
-attempts (they hold their GPUs from this moment), moves stopped jobs to CHECKPOINTING and sends each
-launch as soon as the stops whose GPUs it needs have ended. `end_attempt` records an attempt's end once
+`plan_actions` compares the plan with what is placed now (hopsmgr.core.reconcile); `apply_actions`
+creates the new attempts (they hold their GPUs from this moment), moves stopped jobs to CHECKPOINTING
+and sends each launch as soon as the stops whose GPUs it needs have ended, all at once or in slices. `end_attempt` records an attempt's end once
 and moves its job on: profiled, requeued (checkpointed, preempted, node lost), completed or failed.
 Both work on a `SchedulerMachine` (hopsmgr.control.machine), through its one door for state changes.
 """
@@ -10,17 +10,18 @@ Both work on a `SchedulerMachine` (hopsmgr.control.machine), through its one doo
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopsmgr.control import snapshot as views
 from hopsmgr.control import usage
 from hopsmgr.control.commands import CheckpointAndStop, StopAttempt
-from hopsmgr.control.records import Attempt, Job
+from hopsmgr.control.records import Attempt, Job, NodeHealth
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobId
 from hopsmgr.core.planner import Plan, ProfilingRun
-from hopsmgr.core.reconcile import CheckpointStop, Launch, ReconcileError, reconcile
+from hopsmgr.core.reconcile import Action, CheckpointStop, Launch, ReconcileError, reconcile
 
 if TYPE_CHECKING:
     from hopsmgr.control.machine import SchedulerMachine
@@ -54,8 +55,21 @@ def log_excerpt(tail: str, lines: int = 10, limit: int = 1500) -> str:
     return last if len(kept) == 1 else f"{last}\nlast lines of the log:\n{body}"
 
 
-def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) -> int:
-    """Act on `plan`; returns the number of actions (0 when the plan no longer fits the state)."""
+@dataclass(slots=True)
+class PlanUnderWay:
+    """A plan's ordered actions and how far they are applied (a plan applied in slices, between which
+    other events are handled, re-checks each later action against the state it finds)."""
+
+    plan: Plan
+    actions: list[Action]
+    profile_runs: dict[str, ProfilingRun]
+    stopping_attempt: dict[JobId, str] = field(default_factory=dict)
+    done: int = 0  # actions applied so far
+    resumed: bool = False  # a slice after the first: the state may have moved since reconcile
+
+
+def plan_actions(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) -> PlanUnderWay | None:
+    """`plan` as ordered actions against what is placed now; None when it no longer fits the state."""
     state = m.state
     current = views.current_placements(state)
     desired: dict[JobId, Config] = {
@@ -78,28 +92,51 @@ def apply_plan(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) 
     try:
         actions = reconcile(current, desired, capacity, resumable)
     except ReconcileError:
-        return 0  # state moved while planning: the next plan repairs it
-    stopping_attempt: dict[JobId, str] = {}
-    for action in actions:
+        return None  # state moved while planning: the next plan repairs it
+    return PlanUnderWay(plan, actions, profile_runs)
+
+
+def apply_actions(m: SchedulerMachine, work: PlanUnderWay, limit: int | None = None) -> bool:
+    """Apply the next `limit` actions of `work` (all of them without a limit); whether none is left.
+    In a later slice a launch onto a node that no longer takes new work is dropped (the next plan
+    places its job again), and a launch does not wait for a stop that has ended meanwhile."""
+    state = m.state
+    end = len(work.actions) if limit is None else min(len(work.actions), work.done + limit)
+    for action in work.actions[work.done : end]:
         if isinstance(action, CheckpointStop):
-            job = state.jobs[action.job_id]
-            attempt = state.attempts[job.attempt] if job.attempt else None
-            if attempt is None or attempt.stopping:
+            job = state.jobs.get(action.job_id)
+            attempt = state.attempts.get(job.attempt) if job is not None and job.attempt else None
+            if job is None or attempt is None or attempt.stopping:
                 continue
             if job.state == JobState.LAUNCHING:
                 _stop_launching(m, job, attempt, action.reason)
             else:
                 _stop(m, job, attempt, action.reason)
-            stopping_attempt[job.id] = attempt.id
+            work.stopping_attempt[job.id] = attempt.id
         elif isinstance(action, Launch):
-            run = profile_runs.get(action.job_id)
+            if work.resumed and not all(_takes_work(m, sid) for sid in action.config.servers):
+                continue
+            run = work.profile_runs.get(action.job_id)
             attempt = _new_attempt(m, action, run)
             if attempt is None:
                 continue
-            state.wait(attempt, {stopping_attempt[j] for j in action.after if j in stopping_attempt})
+            stops = (work.stopping_attempt.get(j) for j in action.after)
+            state.wait(attempt, {a for a in stops if a is not None and a in state.attempts})
             if not attempt.waits_for:
                 m.launch_ready(attempt)
-    return len(actions)
+    work.done = end
+    work.resumed = True
+    return work.done >= len(work.actions)
+
+
+def _takes_work(m: SchedulerMachine, server_id: str) -> bool:
+    node = m.state.nodes.get(server_id)
+    return (
+        node is not None
+        and node.health == NodeHealth.HEALTHY
+        and not node.drained
+        and m.now - node.exec_error_at >= m.settings.exec_error_backoff_s
+    )
 
 
 def _stop(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:

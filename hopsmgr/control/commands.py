@@ -154,6 +154,12 @@ class PlanRequest(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class ContinuePlan(Command):
+    """Part of a plan is applied, the rest waits (ControlSettings.plan_slice): send PlanContinue once
+    the driver has served whatever else waits (the master: its next turn of the event loop)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PlanSoon(Command):
     """Something changed that a fragment plan may use: send RoundTick(kind) once the burst settles."""
 

@@ -26,7 +26,8 @@ EMITS: dict[type[e.Event], tuple[type[c.Command], ...]] = {
     e.NodeDrained: (c.Reply, c.PlanSoon),
     e.HealthTick: _ENDS,
     e.RoundTick: (c.Persist, c.PlanRequest),  # Persist: the tenants' fair-share use
-    e.PlanReady: (*_ENDS, c.CheckpointAndStop, c.PlanRequest),
+    e.PlanReady: (*_ENDS, c.CheckpointAndStop, c.PlanRequest, c.ContinuePlan),
+    e.PlanContinue: (*_ENDS, c.CheckpointAndStop, c.PlanRequest, c.ContinuePlan),
     e.StateRestored: (c.Persist,),
 }
 

@@ -176,3 +176,8 @@ class PlanReady(Event):
     plan: Plan
     runs: tuple[ProfilingRun, ...] = ()
     planner_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContinue(Event):
+    """Apply the next slice of the plan under way (the answer to a ContinuePlan command)."""

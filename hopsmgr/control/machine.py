@@ -22,6 +22,7 @@ from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
     Command,
+    ContinuePlan,
     JobChange,
     JobNote,
     LaunchAttempt,
@@ -50,6 +51,7 @@ from hopsmgr.control.events import (
     NodeCommandFailed,
     NodeDrained,
     NodeReported,
+    PlanContinue,
     PlanReady,
     RoundTick,
     StateRestored,
@@ -58,6 +60,7 @@ from hopsmgr.control.records import Attempt, ControlState, Job, Node
 from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota, spans_types
+from hopsmgr.core.plan import Plan
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -73,6 +76,10 @@ class ControlSettings:
     lost_after_s: float = 60.0
     exec_error_backoff_s: float = 60.0
     heartbeat_interval_s: float = 5.0
+    # apply a plan this many actions at a time, other events handled in between (ContinuePlan /
+    # PlanContinue); None: at once. The master slices, so that a plan of a thousand launches does not
+    # hold up heartbeats; the simulator applies at once (nothing can happen in between there)
+    plan_slice: int | None = None
 
 
 IDLE_RECHECK_S = 1.0
@@ -96,6 +103,7 @@ class SchedulerMachine:
         self.attempt_seq = 0
         self.request_seq = 0
         self.inflight: int | None = None  # the plan request not answered yet
+        self.applying: acting.PlanUnderWay | None = None  # a plan applied in slices, not finished
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
         # the GPU types for which state.unprofiled was last trimmed (a new type: every job is again)
@@ -125,6 +133,7 @@ class SchedulerMachine:
             HealthTick: partial(nodes.on_health, self),
             RoundTick: self._round,  # type: ignore[dict-item]
             PlanReady: self._plan_ready,  # type: ignore[dict-item]
+            PlanContinue: self._plan_continue,  # type: ignore[dict-item]
         }
 
     # -- the one entry point ----------------------------------------------------------------------------
@@ -133,7 +142,9 @@ class SchedulerMachine:
         """Apply `event` at time `now`; the commands it causes, a Persist of its records first."""
         self._records, self._out = [], []
         self._stimulus, self._now = event.stimulus_id, now
-        if not isinstance(event, (AttemptProgressed, HealthTick, RoundTick, PlanReady, NodeReported)):
+        if not isinstance(
+            event, (AttemptProgressed, HealthTick, RoundTick, PlanReady, PlanContinue, NodeReported)
+        ):
             self.changed = True
         if not isinstance(event, JobSubmitted):
             self._no_idle_at = None  # only consecutive submissions share a count of idle GPUs
@@ -475,7 +486,7 @@ class SchedulerMachine:
 
     def _round(self, event: RoundTick) -> None:
         self.plan_soon = False
-        if self.inflight is not None:
+        if self.inflight is not None or self.applying is not None:
             self.first_due = self.first_due or event.kind == "first"
             return
         self._request(event.kind)
@@ -534,13 +545,31 @@ class SchedulerMachine:
         )
 
     def _plan_ready(self, event: PlanReady) -> None:
-        if event.request_id != self.inflight:
+        if event.request_id != self.inflight or self.applying is not None:
             return  # an abandoned request
         self.inflight = None
-        if acting.apply_plan(self, event.plan, event.runs):
+        work = acting.plan_actions(self, event.plan, event.runs)
+        if work is None:
+            self._plan_applied(event.plan)
+            return
+        if work.actions:
             self.changed = True
+        self.applying = work
+        self._plan_continue(None)
+
+    def _plan_continue(self, event: PlanContinue | None) -> None:
+        work = self.applying
+        if work is None:
+            return  # nothing under way (a PlanContinue sent twice)
+        if not acting.apply_actions(self, work, self.settings.plan_slice):
+            self.emit(ContinuePlan(self._stimulus))
+            return
+        self.applying = None
+        self._plan_applied(work.plan)
+
+    def _plan_applied(self, plan: Plan) -> None:
         if self.first_due:
             self.first_due = False
             self._request("first")
-        elif event.plan.kind == "first":
+        elif plan.kind == "first":
             self.fragment_soon()

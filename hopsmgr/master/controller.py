@@ -64,7 +64,7 @@ from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
-USAGE_SAMPLE_S = 600.0  # fair share: the decayed use is sampled at most this often for `quota --history`
+PLAN_SLICE = 64  # a plan's actions applied per turn of the event loop (ControlSettings.plan_slice)
 USAGE_SAMPLES = 144  # a day of samples
 
 __all__ = ["Controller", "Principal", "RequestError", "Submission"]
@@ -137,6 +137,7 @@ class Controller:
             suspect_after_s=m.suspect_after_s,
             lost_after_s=m.lost_after_s,
             heartbeat_interval_s=m.heartbeat_interval_s,
+            plan_slice=PLAN_SLICE,
         )
         self.machine = SchedulerMachine(
             config.servers, config.tenants, self.control_settings, LoggedEstimator()
@@ -162,7 +163,7 @@ class Controller:
         self.job_seq = 0
         self.last_write: asyncio.Future[None] | None = None  # the newest write not yet committed
         self.throughput: list[ThroughputSample] = []  # buffered history rows, written by flush()
-        # Fair share: each tenant's decayed use, sampled every USAGE_SAMPLE_S (newest last).
+        # Fair share: each tenant's decayed use, sampled every persist.USAGE_SAMPLE_S (newest last).
         self.usage_history: deque[tuple[float, dict[str, float]]] = deque(maxlen=USAGE_SAMPLES)
         self.written: dict[str, float] = {}  # done samples last written per live job
         self.on_command: Callable[[Command], None] | None = None  # node commands go to the executors

@@ -18,8 +18,15 @@ from typing import Any
 
 import structlog
 
-from hopsmgr.control.commands import AttemptRow, CheckpointAndStop, Command, Persist, PlanRequest
-from hopsmgr.control.events import PlanReady, RoundTick
+from hopsmgr.control.commands import (
+    AttemptRow,
+    CheckpointAndStop,
+    Command,
+    ContinuePlan,
+    Persist,
+    PlanRequest,
+)
+from hopsmgr.control.events import PlanContinue, PlanReady, RoundTick
 from hopsmgr.control.planning import compute_plan, fallback_plan
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
@@ -129,6 +136,11 @@ class RoundLoop:
                 ctl.plans["fragment"] = plan
             commands = ctl.handle(ready)
             launches, stops = self._act(commands)
+            while any(isinstance(c, ContinuePlan) for c in commands):  # applied in slices
+                await asyncio.sleep(0)  # heartbeats and API calls between two slices
+                commands = ctl.handle(PlanContinue(ready.stimulus_id))
+                more_launches, more_stops = self._act(commands)
+                launches, stops = launches + more_launches, stops + more_stops
             if self.first_plan_at is None:
                 self.first_plan_at = ctl.clock()
             queued = [

@@ -1,7 +1,8 @@
 """A test driver of the scheduler state machine: a manual clock, a recording executor, inline plans.
 
 `Harness.feed(event)` hands an event to the machine at the harness's `now`, answers PlanRequests at
-once with the policy (as the simulator does), records every command, and checks the machine's
+once with the policy (as the simulator does) and ContinuePlans with PlanContinue (as the master does,
+where the machine applies plans in slices), records every command, and checks the machine's
 invariants after each event: no GPU claimed twice, no device index given twice, every live job in
 exactly one state with at most one current attempt, attempt ids unique. `close()` checks them again
 and is called by the `harness` fixture at teardown.
@@ -15,9 +16,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hopsmgr.control.commands import Command, Persist, PlanRequest, PlanSoon
+from hopsmgr.control.commands import Command, ContinuePlan, Persist, PlanRequest, PlanSoon
 from hopsmgr.control.diagram import EMITS
-from hopsmgr.control.events import Event, NodeBeat, PlanReady
+from hopsmgr.control.events import Event, NodeBeat, PlanContinue, PlanReady
 from hopsmgr.control.machine import ControlSettings, SchedulerMachine
 from hopsmgr.control.planning import compute_plan
 from hopsmgr.core.estimator import TimeProfile
@@ -59,6 +60,7 @@ class Harness:
     commands: list[Command] = field(default_factory=list)
     plan_soon: int = 0
     auto_plan: bool = True
+    auto_continue: bool = True  # answer ContinuePlan (a plan applied in slices) at once, as the master
 
     def __post_init__(self) -> None:
         self.machine = SchedulerMachine(self.servers, self.tenants, self.settings, started=self.now)
@@ -89,6 +91,8 @@ class Harness:
                 assert self.policy is not None
                 ready = compute_plan(command, self.policy, self.machine.estimator, time.perf_counter)
                 done += self.feed(ready)
+            if isinstance(command, ContinuePlan) and self.auto_continue:
+                done += self.feed(PlanContinue(self.stimulus()))
         self.commands += [c for c in done if c not in self.commands]
         return done
 

@@ -1,0 +1,148 @@
+"""A plan applied in slices (ControlSettings.plan_slice, as the master applies it so that a plan of a
+thousand launches does not hold up its heartbeats): with nothing in between it makes exactly the
+decisions of a plan applied at once; what happens between two slices is respected (a cancelled job
+is not launched, a lost node gets no new work, a stop that ended is not waited for), and no other
+plan starts before the last slice."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hopsmgr.control.commands import (
+    CheckpointAndStop,
+    Command,
+    ContinuePlan,
+    LaunchAttempt,
+    Persist,
+    PlanRequest,
+    StartProfiling,
+)
+from hopsmgr.control.events import (
+    AttemptEnded,
+    AttemptStarted,
+    HealthTick,
+    JobCancelled,
+    JobSubmitted,
+    NodeBeat,
+    PlanContinue,
+    PlanReady,
+    RoundTick,
+)
+from hopsmgr.control.machine import ControlSettings
+from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import Config
+from hopsmgr.core.plan import Plan
+from tests.control.harness import PROFILE, SERVERS, Harness, spec
+
+
+def busy(h: Harness, jobs: int = 8) -> list[Command]:
+    """Submit `jobs` jobs, profile them, then a first round that places them: the commands."""
+    out: list[Command] = []
+    for k in range(jobs):
+        out += h.feed(JobSubmitted(h.stimulus(), spec(f"j{k}", (1, 2), samples=1e8, at=h.now)))
+    for _ in range(jobs):
+        out += h.feed(RoundTick(h.stimulus(), "first"))
+        for run in h.of(StartProfiling, out):
+            if run.attempt_id in h.machine.state.attempts:
+                out += h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
+                out += h.feed(AttemptEnded(h.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+    out += h.feed(RoundTick(h.stimulus(), "first"))
+    return out
+
+
+def decisions(commands: list[Command]) -> tuple[list[object], list[Command]]:
+    """The records in order, and the other commands in order without their stimulus ids (a plan at
+    once stores all its records before its first command, one in slices each slice's before its
+    commands: the orders within each list are what must agree)."""
+    records = [r for c in commands if isinstance(c, Persist) for r in c.records]
+    others = [replace(c, stimulus_id="") for c in commands if not isinstance(c, Persist | ContinuePlan)]
+    return records, others
+
+
+def test_a_plan_in_slices_makes_the_same_decisions_as_at_once() -> None:
+    whole, sliced = Harness(), Harness(settings=ControlSettings(plan_slice=2))
+    at_once, in_slices = busy(whole), busy(sliced)
+    assert sliced.of(ContinuePlan, in_slices)  # it was sliced
+    assert decisions(at_once) == decisions(in_slices)
+    assert whole.machine.state.held() == sliced.machine.state.held()
+    whole.close()
+    sliced.close()
+
+
+def first_slice(jobs: int = 8) -> tuple[Harness, list[Command]]:
+    """Profiled jobs, then a first round whose plan is applied one action at a time: the first slice's
+    commands (a ContinuePlan among them)."""
+    h = Harness(settings=ControlSettings(plan_slice=1))
+    for k in range(jobs):  # profiled before they are submitted: they queue at once
+        h.machine.estimator.add_profile(f"j{k}", "v100", PROFILE, SERVERS[0].calibration)
+        h.machine.estimator.add_profile(f"j{k}", "p100", PROFILE, SERVERS[2].calibration)
+        h.feed(JobSubmitted(h.stimulus(), spec(f"j{k}", (1,), samples=1e8, at=h.now)))
+    h.auto_continue = False
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert h.of(ContinuePlan, out) and h.machine.applying is not None
+    return h, out
+
+
+def finish(h: Harness) -> list[Command]:
+    out: list[Command] = []
+    while h.machine.applying is not None:
+        out += h.feed(PlanContinue(h.stimulus()))
+    return out
+
+
+def test_a_job_cancelled_between_slices_is_not_launched() -> None:
+    h, out = first_slice()
+    launched = {c.job_id for c in h.of(LaunchAttempt, out)}
+    waiting = [j for j in (f"j{k}" for k in range(8)) if j not in launched]
+    h.feed(JobCancelled(h.stimulus(), waiting[-1]))
+    rest = finish(h)
+    assert waiting[-1] not in {c.job_id for c in h.of(LaunchAttempt, rest)}
+    assert {c.job_id for c in h.of(LaunchAttempt, out + rest)} == set(waiting[:-1]) | launched
+    h.close()
+
+
+def test_a_node_lost_between_slices_gets_no_launch_of_the_plan() -> None:
+    h, out = first_slice()
+    planned = {sid for a in h.machine.applying.actions for sid in getattr(a, "config", None).servers}  # type: ignore[union-attr]
+    lost = sorted(planned - {sid for c in h.of(LaunchAttempt, out) for sid in c.placement.servers})[0]
+    h.now = 200.0
+    for s in SERVERS:
+        if s.id != lost:
+            h.feed(NodeBeat(h.stimulus(), s.id, True))
+    h.feed(HealthTick(h.stimulus()))
+    assert h.machine.state.nodes[lost].health != "HEALTHY"
+    rest = finish(h)
+    assert all(lost not in c.placement.servers for c in h.of(LaunchAttempt, rest))
+    h.close()
+
+
+def test_no_other_plan_starts_before_the_last_slice() -> None:
+    h, _ = first_slice()
+    (request,) = [c for c in h.commands if isinstance(c, PlanRequest)][-1:]
+    assert not h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # deferred, not lost
+    rest = finish(h)
+    (again,) = h.of(PlanRequest, rest)  # asked for as soon as the plan was applied
+    assert again.request_id == request.request_id + 1 and again.kind == "first"
+    h.close()
+
+
+def test_a_launch_does_not_wait_for_a_stop_that_ended_between_slices() -> None:
+    h = Harness(servers=SERVERS[:1], settings=ControlSettings(plan_slice=1))
+    for job_id in ("small", "big"):
+        h.machine.estimator.add_profile(job_id, "v100", PROFILE, SERVERS[0].calibration)
+    h.feed(JobSubmitted(h.stimulus(), spec("small", (4,), samples=1e9)))
+    (launch,) = h.of(LaunchAttempt, h.feed(RoundTick(h.stimulus(), "first")))
+    h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    h.feed(JobSubmitted(h.stimulus(), spec("big", (4,), samples=1e9)))
+    h.auto_plan, h.auto_continue = False, False
+    (request,) = h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))
+    plan = Plan("first", h.now, {"big": Config.single(SERVERS[0].id, 4)})  # the small job gives way
+    out = h.feed(PlanReady(h.stimulus(), request.request_id, plan, (), 0.0))
+    (stop,) = h.of(CheckpointAndStop, out)
+    assert h.of(ContinuePlan, out) and not h.of(LaunchAttempt, out)  # big's launch: the next slice
+    h.feed(AttemptEnded(h.stimulus(), stop.attempt_id, "exited", 75, checkpointed=True))
+    rest = finish(h)
+    (big,) = h.of(LaunchAttempt, rest)  # launched at once: not waiting for the stop that ended
+    assert big.job_id == "big" and h.machine.state.jobs["big"].state == JobState.LAUNCHING
+    assert h.machine.state.jobs["small"].state == JobState.QUEUED
+    h.close()

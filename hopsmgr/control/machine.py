@@ -6,8 +6,9 @@ then node commands, plan requests and replies. It reads no clock (`now` comes in
 knows nothing of asyncio, SQLite or SSH: the master and the simulator are two drivers of it. Everything
 that decides lives here or below: submission limits, the job lifecycle (one door: `_set`, through the
 table of hopsmgr.core.lifecycle), node health from heartbeat ages, the profiling budget, when a
-fragment plan is worth making, turning a plan into ordered stops and launches (hopsmgr.control.acting),
-and when a launch may go (once the stops that free its GPUs have ended).
+fragment plan is worth making, the plan cycle (hopsmgr.control.cycle), turning a plan into ordered
+stops and launches (hopsmgr.control.acting), and when a launch may go (once the stops that free its GPUs
+have ended).
 """
 
 from __future__ import annotations
@@ -17,17 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from hopsmgr.control import acting, nodes, usage
+from hopsmgr.control import acting, cycle, nodes
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
     Command,
-    ContinuePlan,
     JobChange,
     JobNote,
     LaunchAttempt,
     Persist,
-    PlanRequest,
     PlanSoon,
     Record,
     Reply,
@@ -35,7 +34,6 @@ from hopsmgr.control.commands import (
     StopAttempt,
     StopReason,
     ThroughputSample,
-    UsageRecord,
 )
 from hopsmgr.control.events import (
     AttemptEnded,
@@ -60,7 +58,6 @@ from hopsmgr.control.records import Attempt, ControlState, Job, Node
 from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota, spans_types
-from hopsmgr.core.plan import Plan
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -107,7 +104,7 @@ class SchedulerMachine:
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
         # the GPU types for which state.unprofiled was last trimmed (a new type: every job is again)
-        self._profiled_on: frozenset[str] = frozenset()
+        self.profiled_on: frozenset[str] = frozenset()
         self.plan_soon = False  # a PlanSoon was sent and no plan tick came since
         # when a submission last found no idle GPU: the submissions right after it (no other event in
         # between, within IDLE_RECHECK_S) take the cluster as still full
@@ -482,94 +479,16 @@ class SchedulerMachine:
     ) -> None:
         acting.end_attempt(self, attempt, reason, code, False, None, message)
 
-    # -- plans --------------------------------------------------------------------------------------------
+    # -- plans (hopsmgr.control.cycle) --------------------------------------------------------------------
 
     def _round(self, event: RoundTick) -> None:
-        self.plan_soon = False
-        if self.inflight is not None or self.applying is not None:
-            self.first_due = self.first_due or event.kind == "first"
-            return
-        self._request(event.kind)
+        cycle.on_round_tick(self, event)
 
     def _request(self, kind: str) -> None:
-        s = self.settings
-        state = self.state
-        usage.charge_all(self, self._now)
-        if kind == "first" and state.usage:
-            self.record(UsageRecord(tuple((u.tenant, u.used, u.at) for u in state.usage.values())))
-        snapshot = views.build_snapshot(
-            state, self._now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h
-        )
-        to_profile = []
-        starving = set()
-        if s.profiling:
-            if self._profiled_on != state.gpu_types:
-                self._profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
-            # at 10,000 queued jobs asking the estimator about each one was most of a plan request:
-            # a job profiled on every GPU type leaves `unprofiled` (profiles are kept for its life)
-            for job_id in list(state.unprofiled):
-                job = state.jobs[job_id]
-                if job.spec.after and state.waits_for(job):  # --after: not profiled before they end
-                    continue
-                if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
-                    if job.state == JobState.QUEUED and state.gpu_types <= self.estimator.profiled_types(
-                        job.id
-                    ):
-                        del state.unprofiled[job_id]
-                        continue
-                    to_profile.append(job.spec)
-                    waited = self._now - job.spec.submit_time >= s.scheduler.round_seconds
-                    if waited and (
-                        job.state == JobState.PENDING or not self.estimator.profiled_types(job.id)
-                    ):
-                        starving.add(job.id)
-        if kind == "first":
-            waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))
-            if not (snapshot.jobs or to_profile) or not (self.changed or waiting):
-                return  # level-triggered: nothing waits and nothing changed, the plan would be the same
-            self.changed = False
-        self.request_seq += 1
-        self.inflight = self.request_seq
-        self.emit(
-            PlanRequest(
-                self._stimulus,
-                self.request_seq,
-                "first" if kind == "first" else "fragment",
-                snapshot,
-                tuple(to_profile),
-                frozenset(starving),
-                views.profiling_budget(state, s.profiling_share),
-                s.scheduler.min_attempt_s,
-                s.scheduler.round_seconds,
-            )
-        )
+        cycle.request_plan(self, kind)
 
     def _plan_ready(self, event: PlanReady) -> None:
-        if event.request_id != self.inflight or self.applying is not None:
-            return  # an abandoned request
-        self.inflight = None
-        work = acting.plan_actions(self, event.plan, event.runs)
-        if work is None:
-            self._plan_applied(event.plan)
-            return
-        if work.actions:
-            self.changed = True
-        self.applying = work
-        self._plan_continue(None)
+        cycle.on_plan_ready(self, event)
 
     def _plan_continue(self, event: PlanContinue | None) -> None:
-        work = self.applying
-        if work is None:
-            return  # nothing under way (a PlanContinue sent twice)
-        if not acting.apply_actions(self, work, self.settings.plan_slice):
-            self.emit(ContinuePlan(self._stimulus))
-            return
-        self.applying = None
-        self._plan_applied(work.plan)
-
-    def _plan_applied(self, plan: Plan) -> None:
-        if self.first_due:
-            self.first_due = False
-            self._request("first")
-        elif plan.kind == "first":
-            self.fragment_soon()
+        cycle.apply_next_slice(self)

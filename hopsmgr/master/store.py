@@ -131,6 +131,21 @@ def _encode(values: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def json_in_pieces(state: Mapping[str, Any]) -> str:
+    """`json.dumps(state, sort_keys=True)`, made one list item at a time: one call of the C encoder over
+    a large state (the estimator's: 2.5 MB at 4,000 profiles, 40 ms) holds the interpreter lock, and
+    with it the event loop, for as long as it runs; between items the writer's thread lets it go."""
+    parts = []
+    for key in sorted(state):
+        value = state[key]
+        if isinstance(value, list):
+            text = "[" + ", ".join(json.dumps(item, sort_keys=True) for item in value) + "]"
+        else:
+            text = json.dumps(value, sort_keys=True)
+        parts.append(f"{json.dumps(key)}: {text}")
+    return "{" + ", ".join(parts) + "}"
+
+
 def is_postgres_url(location: str) -> bool:
     return location.startswith(("postgresql://", "postgres://"))
 
@@ -514,7 +529,7 @@ class Store:
     # -- estimator, throughput history, rounds ----------------------------------------------------------
 
     def save_estimator(self, state: Mapping[str, Any], now: float) -> None:
-        text = json.dumps(state, sort_keys=True)
+        text = json_in_pieces(state)
         self._exec(
             "INSERT INTO estimator (id, state, saved) VALUES (1, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET state = excluded.state, saved = excluded.saved",

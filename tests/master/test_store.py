@@ -5,6 +5,7 @@ migrations, transactions, durability across reopen, group commits, epochs; then 
 from __future__ import annotations
 
 import contextlib
+import json
 import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -348,3 +349,10 @@ def test_pg_a_session_mode_pooler_is_accepted(pg_server: PostgresServer) -> None
         store.close()
     finally:
         bouncer.close()
+
+
+def test_the_estimator_state_is_written_as_json_dumps_would_write_it() -> None:
+    from hopsmgr.master.store import json_in_pieces
+
+    state = {"version": 1, "b": [{"y": 1, "x": [1.5, None]}, {"z": "é"}], "a": [], "c": {"k": 2, "j": 1}}
+    assert json_in_pieces(state) == json.dumps(state, sort_keys=True)

@@ -105,11 +105,14 @@ class Attempt:
 
     def __getstate__(self) -> list[object]:
         """Copies and pickles leave the holding state behind (a copy is not open in that state)."""
-        return [None if f.name == "_owner" else getattr(self, f.name) for f in fields(self)]
+        return [None if name == "_owner" else getattr(self, name) for name in _ATTEMPT_FIELDS]
 
     def __setstate__(self, state: list[object]) -> None:
-        for f, value in zip(fields(self), state, strict=True):
-            object.__setattr__(self, f.name, value)
+        for name, value in zip(_ATTEMPT_FIELDS, state, strict=True):
+            object.__setattr__(self, name, value)
+
+
+_ATTEMPT_FIELDS = tuple(f.name for f in fields(Attempt))  # its pickled state, in this order
 
 
 @dataclass(slots=True)

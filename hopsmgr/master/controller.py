@@ -64,6 +64,7 @@ from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
+CALIBRATION_SYNC_S = 0.1
 PLAN_SLICE = 64  # a plan's actions applied per turn of the event loop (ControlSettings.plan_slice)
 USAGE_SAMPLES = 144  # a day of samples
 
@@ -167,6 +168,7 @@ class Controller:
         self.usage_history: deque[tuple[float, dict[str, float]]] = deque(maxlen=USAGE_SAMPLES)
         self.written: dict[str, float] = {}  # done samples last written per live job
         self.on_command: Callable[[Command], None] | None = None  # node commands go to the executors
+        self.types_moved: set[str] = set()  # GPU types whose planning views wait to be re-derived
         self.leader: dict[str, Any] = {}  # who leads (this master): url, since, epoch (for /healthz)
 
     @property
@@ -251,6 +253,25 @@ class Controller:
             self.usage_history.append((float(at), {str(t): float(u) for t, u in sample.items()}))
         self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained), usage))
         log.info("master_opened", epoch=self.epoch, live_jobs=len(jobs), open_attempts=len(attempts))
+
+    def calibration_moved(self, gpu_type: str) -> None:
+        """A node of `gpu_type` reported a new calibration: re-derive the type's planning views within
+        CALIBRATION_SYNC_S, once for all the nodes that report meanwhile (at a master's start every
+        node does, and a pass over the type for each of a thousand first heartbeats took a core)."""
+        if gpu_type in self.types_moved:
+            return
+        self.types_moved.add(gpu_type)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # driven without a loop (tools, tests): at once
+            self._sync_moved()
+            return
+        loop.call_later(CALIBRATION_SYNC_S, self._sync_moved)
+
+    def _sync_moved(self) -> None:
+        types, self.types_moved = self.types_moved, set()
+        for gpu_type in sorted(types):
+            self.sync_servers(gpu_type)
 
     def sync_servers(self, gpu_type: str | None = None) -> None:
         """Re-derive the planning view of every node (of one GPU type) into the machine: calibrations

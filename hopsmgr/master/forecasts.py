@@ -44,11 +44,12 @@ WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
 DUTY_FACTOR = 4.0
 FORECAST_TIMEOUT_S = 300.0  # a forecast worker silent this long is replaced (forecasts go stale meanwhile)
 WHAT_IF_TIMEOUT_S = 60.0
+PRELOAD_JOBS = 500  # jobs sent ahead of a forecast per call, when the worker lacks more than this
 _T = TypeVar("_T")
 
 
 _MIRROR: dict[str, Estimator] = {}  # in the forecast worker: the master's estimator, by token
-_SPECS: dict[str, live_wire.Specs] = {}  # in the forecast worker: the specs of the last forecast
+_HELD: dict[str, live_wire.Held] = {}  # in the forecast worker: the jobs of the last forecast
 
 
 def forecast_following(
@@ -62,22 +63,31 @@ def forecast_following(
     """In the forecast worker: bring its copy of the master's estimator up to date (`whole` replaces
     it; else `updates` are replayed on the copy named `token`), then forecast the live state of
     `message` (hopsmgr.master.live_wire) with it. None when this worker has no such copy (it was
-    replaced): the caller then sends the whole state, and every spec."""
+    replaced, or it does not hold a job the message names): the caller then sends the whole state,
+    and every job."""
     if whole is not None:
         _MIRROR.clear()
-        _SPECS.clear()
         _MIRROR[token] = Estimator.from_state(whole)
     elif token not in _MIRROR:
         return None
     try:
-        live = live_wire.decode(message, _SPECS.get(token, {}))
+        live, _HELD[token] = live_wire.decode(message, _HELD.get(token, {}))
     except ValueError:
         _MIRROR.clear()
+        _HELD.clear()
         return None
-    _SPECS[token] = live_wire.specs_of(live)
     estimator = _MIRROR[token]
     apply_updates(estimator, updates)
     return forecast(replace(live, estimator=estimator.export_state()), settings, timer)
+
+
+def preload_jobs(token: str, changed: live_wire.Changed) -> int:
+    """In the forecast worker: take jobs sent ahead of a forecast (hopsmgr.master.live_wire); how many
+    it holds."""
+    for other in [t for t in _HELD if t != token]:
+        del _HELD[other]
+    _HELD[token] = live_wire.hold(changed, _HELD.get(token, {}))
+    return len(_HELD[token])
 
 
 def in_daemon_thread(fn: Callable[..., _T], *args: Any) -> asyncio.Future[_T]:
@@ -128,7 +138,7 @@ class Forecaster:
         # a copy is sent, instead of a whole export taken on the loop later (0.23 s at 10,000 jobs).
         self.base: dict[str, Any] | None = None
         self.since_base: list[Update] = []
-        self.specs: live_wire.Specs = {}  # the specs the forecast worker holds (of the last forecast)
+        self.held: live_wire.Held = {}  # the jobs the forecast worker holds (as of its last forecast)
         estimator = ctl.machine.estimator
         if self.in_process and isinstance(estimator, LoggedEstimator):
             self.base = estimator.export_state()
@@ -161,6 +171,7 @@ class Forecaster:
         """The forecast from a worker that keeps its own copy of the estimator, sent the updates since
         the last forecast (pickling the whole estimator took 0.1 s of the loop per 5,000 jobs)."""
         for _ in range(2):
+            await self._preload()
             live = self.capture(now, with_estimator=False)
             updates = estimator.take_updates("forecast")  # (follows from now on)
             whole: dict[str, Any] | None = None
@@ -172,9 +183,8 @@ class Forecaster:
             elif self.resend or updates is None:
                 whole, updates = estimator.export_state(), []
             self.resend = True  # until this call has answered: a failure may have lost the updates
-            known = self.specs if whole is None else {}
-            self.specs = {}
-            message = live_wire.encode(live, known)  # pickled by `call` at once, before any await
+            message, held = live_wire.encode(live, self.held)
+            self.held = {}  # until this call has answered
             found: dict[str, JobForecast] | None = await self.worker.call(
                 forecast_following,
                 message,
@@ -188,9 +198,24 @@ class Forecaster:
             if found is not None:
                 self.resend = False
                 self.base, self.since_base = None, []  # the worker holds its copy now
-                self.specs = live_wire.specs_of(live)
+                self.held = held
                 return found
         raise RuntimeError("the forecast worker refused the whole estimator state")
+
+    async def _preload(self) -> None:
+        """Send the forecast worker, PRELOAD_JOBS at a time, the live jobs it does not hold (first
+        forecast, a replaced worker), the loop serving others between two slices."""
+        missing = [j for j in self.ctl.machine.state.jobs.values() if j.spec.id not in self.held]
+        if len(missing) <= PRELOAD_JOBS:
+            return  # they go with the forecast
+        for start in range(0, len(missing), PRELOAD_JOBS):
+            changed, rows = live_wire.encode_jobs(missing[start : start + PRELOAD_JOBS], self.held)
+            try:
+                await self.worker.call(preload_jobs, self.token, changed, timeout_s=FORECAST_TIMEOUT_S)
+            except BaseException:
+                self.held = {}
+                raise
+            self.held.update(rows)
 
     def _note_arrivals(self) -> None:
         for job in self.ctl.machine.state.jobs.values():
@@ -216,9 +241,10 @@ class Forecaster:
         ctl = self.ctl
         self._note_arrivals()  # also when nothing waits: the arrival process counts every submission
         self._note_starts()
-        if not any(j.state in WAITING for j in ctl.machine.state.jobs.values()):
+        if not any(ctl.machine.state.counts.get(s) for s in WAITING):
             ctl.forecasts = {}
             return
+        await asyncio.sleep(0)  # the loop serves others before the state is copied (each a pass over jobs)
         now = ctl.clock()
         t0 = time.perf_counter()
         estimator = ctl.machine.estimator

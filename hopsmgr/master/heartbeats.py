@@ -56,7 +56,7 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> tuple[HeartbeatReply, Written
         )
     changed, moved = _update_node(node, beat)
     if moved:
-        ctl.sync_servers(node.server.gpu_type)
+        ctl.calibration_moved(node.server.gpu_type)
     first = not node.seen
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"

@@ -250,8 +250,10 @@ def relative(nodes: list[NodeRecord]) -> None:
     each type's own speed), which the division keeps exactly.
     """
     groups: dict[tuple[str, str], list[NodeRecord]] = {}
+    previous = {}
     for node in nodes:
         cal = node.calibration
+        previous[node.id] = node.planning_calibration
         node.planning_calibration = None
         if cal is not None and cal.source not in ("default", "hint"):
             kind = "measured" if cal.source.startswith("measured") else cal.source
@@ -260,9 +262,22 @@ def relative(nodes: list[NodeRecord]) -> None:
         medians = {f: statistics.median(getattr(n.calibration, f) for n in members) for f in _FACTORS}
         for node in members:
             assert node.calibration is not None
-            node.planning_calibration = replace(
-                node.calibration, **{f: getattr(node.calibration, f) / medians[f] for f in _FACTORS}
-            )
+            node.planning_calibration = _relative_to(node.calibration, medians, previous[node.id])
+
+
+def _relative_to(cal: Calibration, medians: dict[str, float], previous: Calibration | None) -> Calibration:
+    """`cal` with its factors divided by `medians`: `previous` itself when it already is that (the
+    planning views of a type's nodes are re-derived whenever one node's calibration changes; keeping
+    the unchanged ones' objects keeps the servers NodeRecord.effective_server made)."""
+    values = {f: getattr(cal, f) / medians[f] for f in _FACTORS}
+    if (
+        previous is not None
+        and all(getattr(previous, f) == v for f, v in values.items())
+        and (previous.link_gbps, previous.net_gbps, previous.source)
+        == (cal.link_gbps, cal.net_gbps, cal.source)
+    ):
+        return previous
+    return replace(cal, **values)
 
 
 def calibration_json(cal: Calibration) -> dict[str, float]:

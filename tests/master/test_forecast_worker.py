@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.future import FutureOptions, LiveState, capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master import live_wire
 from hopsmgr.master.forecasts import Forecaster
@@ -138,19 +138,62 @@ def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_s
     assert fc.ctl.forecasts == whole_state_forecast(sim)
 
 
-def test_the_live_state_travels_compact_and_without_the_specs_the_worker_holds() -> None:
+def test_the_live_state_travels_as_what_changed_since_the_workers_last_forecast() -> None:
     sim = started(3000.0)
-    live = capture(sim.machine, sim.now, copy_records=False, with_estimator=False)
-    whole = pickle.dumps(live_wire.encode(live, {}))
-    known = live_wire.specs_of(live)
-    again = pickle.dumps(live_wire.encode(live, known))
-    assert len(again) < len(whole)  # the specs went as job ids
-    for data, held in ((whole, {}), (again, known)):
-        back = live_wire.decode(pickle.loads(data), held)
-        assert back.jobs == live.jobs
-        assert [a.__getstate__() for a in back.attempts] == [a.__getstate__() for a in live.attempts]
-        assert dataclasses.replace(back, jobs=(), attempts=()) == dataclasses.replace(
-            live, jobs=(), attempts=()
+
+    def live_now() -> LiveState:
+        return capture(sim.machine, sim.now, copy_records=False, with_estimator=False)
+
+    def same(a: LiveState, b: LiveState) -> bool:
+        states = [[x.__getstate__() for x in s.attempts] for s in (a, b)]
+        return (
+            a.jobs == b.jobs
+            and states[0] == states[1]
+            and dataclasses.replace(a, jobs=(), attempts=()) == dataclasses.replace(b, jobs=(), attempts=())
         )
-    with pytest.raises(ValueError, match="holds no spec"):
-        live_wire.decode(pickle.loads(again), {})
+
+    first = live_now()
+    message, held = live_wire.encode(first, {})
+    whole = pickle.dumps(message)
+    back, worker_held = live_wire.decode(pickle.loads(whole), {})
+    assert same(back, first)
+    sim.advance(until=lambda: sim.now >= 3600.0)  # some jobs change, most do not
+    second = live_now()
+    message, held = live_wire.encode(second, held)
+    changed = message[2]
+    assert 0 < len(changed) < len(second.jobs)
+    back, worker_held = live_wire.decode(pickle.loads(pickle.dumps(message)), worker_held)
+    assert same(back, second)
+    back.jobs[0].profiling.add("x")  # the worker's records are its own: what is held stays as sent
+    assert "x" not in held[back.jobs[0].id][1][live_wire._PROFILING]
+    with pytest.raises(ValueError, match="holds no job"):
+        live_wire.decode(pickle.loads(pickle.dumps(message)), {})
+
+
+def test_a_worker_without_the_jobs_is_sent_them_ahead_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hopsmgr.master import forecasts
+
+    monkeypatch.setattr(forecasts, "PRELOAD_JOBS", 2)
+    sim = started(3000.0)
+    logged(sim)
+    fc = forecaster(sim)
+    calls: list[str] = []
+    call = fc.worker.call
+
+    async def counted(fn: object, *args: object, timeout_s: float) -> object:
+        calls.append(getattr(fn, "__name__", "?"))
+        return await call(fn, *args, timeout_s=timeout_s)  # type: ignore[arg-type]
+
+    fc.worker.call = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        try:
+            await fc.once()
+        finally:
+            fc.close()
+
+    asyncio.run(scenario())
+    jobs = len(sim.machine.state.jobs)
+    assert jobs == 3 and calls.count("preload_jobs") == 2  # every job, two a call
+    assert calls[-1] == "forecast_following" and len(fc.held) == jobs
+    assert fc.ctl.forecasts == whole_state_forecast(sim)

@@ -43,6 +43,18 @@ def forecaster(sim: Simulation) -> Forecaster:
     return Forecaster(ctl, SETTINGS)  # type: ignore[arg-type]
 
 
+def forecast_once(fc: Forecaster) -> None:
+    """One forecast by `fc`, then its workers stopped."""
+
+    async def scenario() -> None:
+        try:
+            await fc.once()
+        finally:
+            fc.close()
+
+    asyncio.run(scenario())
+
+
 def whole_state_forecast(sim: Simulation) -> dict[str, object]:
     return forecast(capture(sim.machine, sim.now), SETTINGS, time.perf_counter)  # type: ignore[return-value]
 
@@ -126,13 +138,7 @@ def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_s
 
     estimator.export_state = counted  # type: ignore[method-assign]
 
-    async def scenario() -> None:
-        try:
-            await fc.once()
-        finally:
-            fc.close()
-
-    asyncio.run(scenario())
+    forecast_once(fc)
     assert exports == 0 and fc.base is None and not fc.resend
     estimator.export_state = export  # type: ignore[method-assign]
     assert fc.ctl.forecasts == whole_state_forecast(sim)
@@ -186,13 +192,7 @@ def test_a_worker_without_the_jobs_is_sent_them_ahead_in_slices(monkeypatch: pyt
 
     fc.worker.call = counted  # type: ignore[method-assign]
 
-    async def scenario() -> None:
-        try:
-            await fc.once()
-        finally:
-            fc.close()
-
-    asyncio.run(scenario())
+    forecast_once(fc)
     jobs = len(sim.machine.state.jobs)
     assert jobs == 3 and calls.count("preload_jobs") == 2  # every job, two a call
     assert calls[-1] == "forecast_following" and len(fc.held) == jobs

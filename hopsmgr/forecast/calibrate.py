@@ -10,7 +10,15 @@ least the P50 forecast plus the residuals' lower and upper split-conformal bound
 forecast was made): with n residuals, the floor((n + 1) * 0.1)-th smallest and the ceil((n + 1) * 0.9)-th
 smallest, the finite-sample quantiles under which a new job's residual falls outside each bound with
 probability at most 10% when jobs are exchangeable; they exist from n = 9 on, hence `min_count`.
-Pure: the callers say what started.
+
+Jobs are not exchangeable when the load moves (a queue that keeps growing makes every wait longer than
+the last jobs' residuals say), so the two tails' levels adapt to what happened (adaptive conformal
+inference, Gibbs and Candes, NeurIPS 2021): when a job starts, each tail's level moves by
+`gamma * (0.1 - miss)`, `miss` 1 if the start fell outside that side of the interval first shown for
+the job, else 0; a side that misses more than 10% of the time widens until it does not, and one that
+misses less narrows back; a level at or below 0 leaves that side unbounded (a P90 "past what can be
+said", None, as past the horizon). Over any run of jobs the share of misses on each side stays within
+(1 + gamma) / (gamma * jobs) of 10%, whatever the load does. Pure: the callers say what started.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from hopsmgr.forecast.future import JobForecast
 MIN_COUNT = 9  # the fewest residuals for which both conformal bounds below are finite
 TAIL = Fraction(1, 10)  # each bound's miscoverage (exact: ranks must not round up): 80% in all
 KEEP = 500
+GAMMA = Fraction(1, 20)  # how fast a tail's level follows its misses (adaptive conformal inference)
 
 
 @dataclass(slots=True)
@@ -33,6 +42,15 @@ class Residuals:
     round_s: float
     min_count: int = MIN_COUNT
     values: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
+    gamma: Fraction = GAMMA
+    # each tail's miscoverage level (TAIL at first), moved by the misses the callers `observe`
+    low_level: Fraction = TAIL
+    high_level: Fraction = TAIL
+
+    def observe(self, below: bool, above: bool) -> None:
+        """A job started below (`below`) or above (`above`) the interval first shown for it, or in it."""
+        self.low_level += self.gamma * (TAIL - int(below))
+        self.high_level += self.gamma * (TAIL - int(above))
 
     def add(self, forecast_wait_s: float, actual_wait_s: float) -> None:
         """A job started `actual_wait_s` after a forecast that said `forecast_wait_s` (its P50)."""
@@ -43,11 +61,18 @@ class Residuals:
         """The split-conformal lower and upper bounds of the residuals (module docstring); None until
         `min_count` jobs are in, or while the bounds do not exist yet."""
         n = len(self.values)
-        low_rank, high_rank = math.floor((n + 1) * TAIL), math.ceil((n + 1) * (1 - TAIL))
-        if n < self.min_count or low_rank < 1 or high_rank > n:
+        if n < self.min_count:
             return None
+        low_rank, high_rank = math.floor((n + 1) * TAIL), math.ceil((n + 1) * (1 - TAIL))
+        if low_rank < 1 or high_rank > n:
+            return None
+        # the adapted levels; at or below 0 a tail has no bound (the past's residuals are not enough)
+        low_rank = min(math.floor((n + 1) * self.low_level), n)
+        high_rank = max(math.ceil((n + 1) * (1 - self.high_level)), 1)
         xs = sorted(self.values)
-        return xs[low_rank - 1], xs[high_rank - 1]
+        low = xs[low_rank - 1] if low_rank >= 1 else -math.inf
+        high = xs[high_rank - 1] if high_rank <= n else math.inf
+        return low, high
 
     def widen(self, forecast: JobForecast) -> JobForecast:
         """`forecast` with its start P10-P90 widened to the recent residuals' (unchanged before
@@ -64,28 +89,35 @@ class Residuals:
         return replace(
             forecast,
             start_p10=low if p10 is None else min(p10, low),
-            start_p90=None if p90 is None else max(p90, high),
+            start_p90=None if p90 is None or not math.isfinite(high) else max(p90, high),
         )
 
 
 @dataclass(slots=True)
 class StartTracker:
-    """The first start forecast of each waiting job, turned into a residual once the job starts."""
+    """The first start forecast of each waiting job, turned into a residual once the job starts, and
+    the interval first shown for it, whose misses adapt the residuals' levels."""
 
     residuals: Residuals
-    first: dict[str, tuple[float, float]] = field(default_factory=dict)  # job -> (made, start P50)
+    # job -> (made, raw start P50, shown start P10, shown start P90)
+    first: dict[str, tuple[float, float, float | None, float | None]] = field(default_factory=dict)
 
     def note(self, forecasts: Mapping[str, JobForecast]) -> None:
-        """Keep the first P50 start forecast of every job that has one (the raw futures', not widened)."""
+        """Keep the first P50 start forecast of every job that has one (the raw futures', not widened),
+        and the interval shown with it (widened)."""
         for job_id, f in forecasts.items():
             if f.start_p50 is not None and job_id not in self.first:
-                self.first[job_id] = (f.made, f.start_p50)
+                shown = self.residuals.widen(f)
+                self.first[job_id] = (f.made, f.start_p50, shown.start_p10, shown.start_p90)
 
     def started(self, job_id: str, at: float) -> None:
+        """The job's first start was at `at`; a start before its forecast was made is not a start of
+        the wait forecast (the job waited for a restart after a preemption): no residual."""
         found = self.first.pop(job_id, None)
-        if found is not None:
-            made, p50 = found
+        if found is not None and at >= found[0]:
+            made, p50, p10, p90 = found
             self.residuals.add(p50 - made, at - made)
+            self.residuals.observe(p10 is not None and at < p10, p90 is not None and at > p90)
 
     def forget(self, job_id: str) -> None:
         """A job that ended without starting (cancelled, failed): no residual."""

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
-from hopsmgr.forecast.calibrate import Residuals, StartTracker
+from hopsmgr.forecast.calibrate import GAMMA, Residuals, StartTracker
 from hopsmgr.forecast.future import JobForecast
 
 
@@ -75,10 +76,39 @@ def test_a_tracker_keeps_each_jobs_first_forecast_until_it_starts() -> None:
     tracker = StartTracker(Residuals(round_s=100.0, min_count=1))
     tracker.note({"a": fc(0.0, 400.0, 500.0, 600.0), "b": fc(0.0, None, None, None)})
     tracker.note({"a": fc(50.0, 50.0, 60.0, 70.0)})  # a later forecast: the first one counts
-    assert tracker.first == {"a": (0.0, 500.0)}
+    assert tracker.first == {"a": (0.0, 500.0, 400.0, 600.0)}  # the raw P50, the interval shown
     tracker.started("a", 1000.0)
     assert list(tracker.residuals.values) == [1.0] and tracker.first == {}
     tracker.note({"c": fc(0.0, 1.0, 2.0, 3.0)})
     tracker.forget("c")
     tracker.started("c", 10.0)  # forgotten: no residual
     assert len(tracker.residuals.values) == 1
+
+
+def test_a_start_before_the_forecast_was_made_is_no_residual() -> None:
+    # a preempted job waits again: its forecast is of its restart, and its first start lies before it
+    tracker = StartTracker(Residuals(round_s=100.0, min_count=1))
+    tracker.note({"a": fc(5000.0, 5100.0, 5200.0, 5300.0)})
+    tracker.started("a", 1000.0)
+    assert not tracker.residuals.values and tracker.first == {}
+
+
+def test_the_tails_adapt_to_the_misses_so_a_drifting_load_is_still_covered() -> None:
+    # Waits that keep growing (a queue that fills): each job's actual wait is further above its
+    # forecast than the last ones' were, so fixed residual bounds fall behind; the adapted upper tail
+    # keeps the share of starts above the interval near 10%.
+    def run(gamma: Fraction) -> float:
+        tracker = StartTracker(Residuals(round_s=60.0, gamma=gamma))
+        above = 0
+        jobs = 600
+        for k in range(jobs):
+            made, forecast = float(k), 1000.0
+            actual = forecast * (1.0 + k / 200.0)  # the forecast is ever more optimistic
+            tracker.note({f"j{k}": fc(made, made + 0.9 * forecast, made + forecast, made + 1.1 * forecast)})
+            p90 = tracker.first[f"j{k}"][3]
+            above += p90 is not None and made + actual > p90
+            tracker.started(f"j{k}", made + actual)
+        return above / jobs
+
+    assert run(Fraction(0)) > 0.2  # split conformal alone: the drift leaves it behind
+    assert run(GAMMA) <= 0.12

@@ -47,6 +47,7 @@ from hopsmgr.core.priority import (
     order_queue,
     priority_values,
     projected_latency_ratio,
+    srtf_lr_value,
 )
 from hopsmgr.core.program import (
     RoundState,
@@ -120,16 +121,31 @@ def _priorities(
 ) -> dict[JobId, float]:
     """The queue's priority values; with `projected_priority`, the latency ratio each job would have
     at the end of the plan's horizon if not served (a running job also losing its checkpoint and
-    restart), times its tenant's weight."""
+    restart), times its tenant's weight; "srtf_lr" projects its guard's latency ratio the same way."""
+    if settings.priority == "srtf_lr":
+        return {
+            view.id: srtf_lr_value(view, ctx, _ahead_s(view, settings), settings.lr_guard)
+            * ctx.weight_of(view.spec.tenant)
+            for view in snapshot.jobs
+        }
     if settings.priority != "latency_ratio" or not settings.projected_priority:
         return priority_values(settings.priority, snapshot.jobs, ctx)
-    out: dict[JobId, float] = {}
-    for view in snapshot.jobs:
-        ahead = horizon_s(settings, view.spec.restart_s)
-        if view.current is not None:
-            ahead += preemption_cost_s(view.spec)
-        out[view.id] = projected_latency_ratio(view, ctx, ahead) * ctx.weight_of(view.spec.tenant)
-    return out
+    return {
+        view.id: projected_latency_ratio(view, ctx, _ahead_s(view, settings))
+        * ctx.weight_of(view.spec.tenant)
+        for view in snapshot.jobs
+    }
+
+
+def _ahead_s(view: JobView, settings: SchedulerSettings) -> float:
+    """How far ahead a job's latency ratio is projected (`projected_priority`): the plan's horizon, and
+    for a running job also the checkpoint and restart a preemption would delay it by; 0 without it."""
+    if not settings.projected_priority:
+        return 0.0
+    ahead = horizon_s(settings, view.spec.restart_s)
+    if view.current is not None:
+        ahead += preemption_cost_s(view.spec)
+    return ahead
 
 
 def unplaceable_reason(

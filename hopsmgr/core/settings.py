@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
-PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf"]
-PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf")
+PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr"]
+PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 SolverMode = Literal["auto", "exact", "classes"]
 SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 
@@ -33,6 +33,7 @@ class SchedulerSettings:
     restart_penalty: bool = True
     preemption_cost: bool = True
     projected_priority: bool = True
+    lr_guard: float = 1.0  # [ours] "srtf_lr": the latency ratio past which a job climbs over the SRTF order
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
@@ -68,6 +69,8 @@ class SchedulerSettings:
             raise bad("time_limit_s", "must be > 0")
         if self.priority not in PRIORITY_KINDS:
             raise bad("priority", f"must be one of {', '.join(PRIORITY_KINDS)}")
+        if not (math.isfinite(self.lr_guard) and self.lr_guard >= 0):
+            raise bad("lr_guard", "must be a number >= 0")
         if not (isinstance(self.rnum, int) and self.rnum >= 1):
             raise bad("rnum", "must be an integer >= 1")
         if self.solver not in SOLVER_MODES:

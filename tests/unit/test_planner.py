@@ -449,3 +449,41 @@ def test_a_running_job_behind_the_window_is_not_moved_for_nothing(restart_penalt
         plan = plan_round(snapshot(servers, [a, *wide], tenants=tenants), profiled(a, *wide), settings_)
         assert "a" not in plan.window
         assert plan.assignments["a"] == a.current
+
+
+@pytest.mark.parametrize("projected", [True, False])
+def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) -> None:
+    # q has waited 200 s less than its age: below the guard (1) on its plain ratio, past it once
+    # projected over the horizon (min_attempt_s 300 + 2 x restart 60 = 420 s); r runs and also counts
+    # what a preemption would add (its checkpoint and restart).
+    from hopsmgr.core.planner import priority_context
+    from hopsmgr.core.priority import expected_run_s, remaining_run_s
+    from hopsmgr.core.program import preemption_cost_s
+
+    servers = [srv("a0", 1, 1.0)]
+    probe = JobView(spec("q", 1))
+    est = profiled(probe, JobView(spec("r", 1)))
+    ctx = priority_context(snapshot(servers, [probe]), est)
+    age = expected_run_s(probe.spec, ctx)
+    queued = JobView(spec("q", 1), waited_s=(age - 200.0))
+    running = JobView(
+        spec("r", 1),
+        current=C(a0=1),
+        waited_s=(age - 200.0),
+        done_samples=5e5,
+        running_s=500.0,
+        attempt_s=500.0,
+    )
+    settings_ = SchedulerSettings(solver="exact", priority="srtf_lr", projected_priority=projected)
+    plan = plan_round(snapshot(servers, [running, queued]), est, settings_)
+
+    def srtf(view: JobView) -> float:
+        return 1.0 / (1.0 + remaining_run_s(view, ctx) / 3600.0)
+
+    if projected:
+        ahead = 420.0
+        assert plan.priorities["q"] == pytest.approx(srtf(queued) + ((age - 200.0) + ahead) / age - 1.0)
+        ahead_r = ahead + preemption_cost_s(running.spec)
+        assert plan.priorities["r"] == pytest.approx(srtf(running) + ((age - 200.0) + ahead_r) / age - 1.0)
+    else:
+        assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})

@@ -14,6 +14,7 @@ clock or does I/O beyond handing the program to CBC.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -43,10 +44,12 @@ from hopsmgr.core.plan import (
 )
 from hopsmgr.core.priority import (
     PriorityContext,
+    expected_run_s,
     ilp_weights,
     order_queue,
     priority_values,
     projected_latency_ratio,
+    srtf_lr_value,
 )
 from hopsmgr.core.program import (
     RoundState,
@@ -120,16 +123,31 @@ def _priorities(
 ) -> dict[JobId, float]:
     """The queue's priority values; with `projected_priority`, the latency ratio each job would have
     at the end of the plan's horizon if not served (a running job also losing its checkpoint and
-    restart), times its tenant's weight."""
+    restart), times its tenant's weight; "srtf_lr" projects its guard's latency ratio the same way."""
+    if settings.priority == "srtf_lr":
+        return {
+            view.id: srtf_lr_value(view, ctx, _ahead_s(view, settings), settings.lr_guard)
+            * ctx.weight_of(view.spec.tenant)
+            for view in snapshot.jobs
+        }
     if settings.priority != "latency_ratio" or not settings.projected_priority:
         return priority_values(settings.priority, snapshot.jobs, ctx)
-    out: dict[JobId, float] = {}
-    for view in snapshot.jobs:
-        ahead = horizon_s(settings, view.spec.restart_s)
-        if view.current is not None:
-            ahead += preemption_cost_s(view.spec)
-        out[view.id] = projected_latency_ratio(view, ctx, ahead) * ctx.weight_of(view.spec.tenant)
-    return out
+    return {
+        view.id: projected_latency_ratio(view, ctx, _ahead_s(view, settings))
+        * ctx.weight_of(view.spec.tenant)
+        for view in snapshot.jobs
+    }
+
+
+def _ahead_s(view: JobView, settings: SchedulerSettings) -> float:
+    """How far ahead a job's latency ratio is projected (`projected_priority`): the plan's horizon, and
+    for a running job also the checkpoint and restart a preemption would delay it by; 0 without it."""
+    if not settings.projected_priority:
+        return 0.0
+    ahead = horizon_s(settings, view.spec.restart_s)
+    if view.current is not None:
+        ahead += preemption_cost_s(view.spec)
+    return ahead
 
 
 def unplaceable_reason(
@@ -295,15 +313,15 @@ def _plan(
     # The time limit is a deadline for the whole plan, from its start; a share of it is kept for the
     # work after the solver (mapping, fill, explanations).
     state.deadline = t0 + settings.time_limit_s - min(0.1 * settings.time_limit_s, 0.5)
+    ctx = priority_context(snapshot, estimator)
     for view in placeable:
-        state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator)
+        state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator, ctx, settings.gain_base)
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
     if kind == "first":
         state.hold_value = hold_values(state, {v.id: v for v in placeable if v.id in running})
 
     total = sum(capacity.values())
     window_views = service_window(placeable, total, settings.window)
-    ctx = priority_context(snapshot, estimator)
     held_res = reserve.hold(
         snapshot, estimator, settings, ctx, placeable, capacity, running, previous, kind == "first"
     )
@@ -385,6 +403,8 @@ def _plan(
     assignment, stats, explain = _solve(
         state, jobs, window_set, free, running if kind == "first" else {}, clock
     )
+    if kind == "first":
+        _keep_moves_that_free_nothing(state, jobs, free, running, assignment)
     assignment.update(fixed)
     assignment.update(
         reserve.backfill(
@@ -438,6 +458,52 @@ def _plan(
         reservations=tuple(held_res.reservations),
         backfills=held_res.backfills,
     )
+
+
+def _keep_moves_that_free_nothing(
+    state: RoundState,
+    jobs: Sequence[JobView],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    assignment: dict[JobId, Config],
+) -> None:
+    """[ours] Moves that pay: a running job the solver moved, whose current GPUs nothing else in the
+    plan uses (the move frees no room), keeps them when the move is worth less than keeping (the
+    program's own values: the solver stops within its gap, and a move costs far less than the gap)
+    or when it keeps its GPU count and gains less than `move_min_gain` in estimated throughput (less
+    than the estimator's error on servers the job has not run on, and each move is paid again when
+    the next plan moves it on). Jobs in queue order; a kept job's new GPUs go back to the pool."""
+    used: dict[ServerId, int] = {}
+    for config in assignment.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    capped = {name for name, q in state.snapshot.tenants.items() if q.cap_gpus is not None}
+    for view in jobs:
+        current = running.get(view.id)
+        new = assignment.get(view.id)
+        if current is None or new is None or new == current:
+            continue
+        if view.spec.tenant in capped and current.gpus > new.gpus:
+            continue  # (a tenant cap row counted the new GPU count)
+        room = {sid: free.get(sid, 0) - used.get(sid, 0) for sid, _ in current.parts}
+        for sid, g in new.parts:
+            if sid in room:
+                room[sid] += g
+        if any(room[sid] < g for sid, g in current.parts):
+            continue  # its GPUs are used by the plan: the move makes room
+        keep_rate = state.estimator.config_rate(view.spec, current, state.servers) or 0.0
+        move_rate = state.estimator.config_rate(view.spec, new, state.servers) or 0.0
+        if keep_rate <= 0:
+            continue
+        small = new.gpus == current.gpus and move_rate < keep_rate * (1.0 + state.settings.move_min_gain)
+        worth_less = job_value(state, view, move_rate, True) <= job_value(state, view, keep_rate, False)
+        if not (small or worth_less):
+            continue
+        for sid, g in new.parts:
+            used[sid] -= g
+        for sid, g in current.parts:
+            used[sid] = used.get(sid, 0) + g
+        assignment[view.id] = current
 
 
 def _note(
@@ -545,8 +611,21 @@ def _base_rate(
     by_type: Mapping[GpuType, Sequence[Server]],
     servers: Mapping[ServerId, Server],
     est: Estimator,
+    ctx: PriorityContext,
+    gain_base: str = "smallest",
 ) -> float:
-    """The job's smallest-configuration throughput (Sia's normaliser): R1 GPUs on the slowest type."""
+    """What the program divides a configuration's throughput by (G = rate / base).
+
+    "smallest": the job's smallest-configuration throughput (Sia's normaliser, the paper's): R1 GPUs
+    on the slowest type. "expected" [ours]: the throughput its expected run time assumes (R_avg GPUs,
+    the cluster's type mix: `expected_run_s`), so that G is the job's speed relative to the speed its
+    remaining time is reckoned at; with the srtf_lr priority, w x G is then about the share of the
+    job's remaining work done per hour, the quantity whose sum a plan should maximise to finish jobs
+    soonest on average (Smith's rule). Falls back to "smallest" while the job's age is unknown."""
+    if gain_base == "expected":
+        age = expected_run_s(job, ctx)
+        if math.isfinite(age) and age > 0 and job.total_samples > 0:
+            return job.total_samples / age
     rates = []
     for gpu_type in by_type:
         rate = est.type_rate(job, gpu_type)

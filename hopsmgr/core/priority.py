@@ -22,7 +22,11 @@ RateFn = Callable[[JobSpec, GpuType], float | None]
 HOUR_S = 3600.0
 BIAS_EPSILON = 0.01
 
-PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf")
+PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
+
+# [ours] The latency ratio past which the "srtf_lr" priority lets a job climb over the shortest-remaining
+# order: a job that has waited as long as it would run (`srtf_lr_value`).
+DEFAULT_LR_GUARD = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,28 @@ def ftf_rho(view: JobView, ctx: PriorityContext) -> float:
     return shared / (age * max(1.0, contention))
 
 
+def srtf_lr_value(
+    view: JobView, ctx: PriorityContext, ahead_s: float = 0.0, guard: float = DEFAULT_LR_GUARD
+) -> float:
+    """[ours] Shortest remaining time first with a latency-ratio guard:
+
+        1 / (1 + remaining run hours) + max(0, (wait + ahead_s) / age - guard)
+
+    The first term (in (0, 1]) ranks jobs by their expected remaining run time, the order that minimises
+    the average completion time; a running job's grows as it progresses, so a queued job of the same
+    size never overtakes it by waiting alone (the latency ratio of a running job is frozen while a
+    queued one's grows). The second term is 0 until the job's (projected) latency ratio passes `guard`
+    and then grows by one for each further age of waiting: a job whose ratio passes guard + 1 ranks
+    above every job not past its guard, so no job starves, in the latency ratio's own units. 0.0 for a
+    job whose age is unknown (like the other kinds' "unknown size last").
+    """
+    age = expected_run_s(view.spec, ctx)
+    if not math.isfinite(age) or age <= 0:
+        return 0.0
+    ratio = (max(view.waited_s, 0.0) + max(ahead_s, 0.0)) / age
+    return _smaller_first(remaining_run_s(view, ctx)) + max(0.0, ratio - guard)
+
+
 def _smaller_first(seconds: float) -> float:
     """Map a duration to (0, 1], decreasing: 1 / (1 + hours); an infinite duration maps to 0.0."""
     if not math.isfinite(seconds):
@@ -165,6 +191,8 @@ def _value(kind: str, view: JobView, ctx: PriorityContext) -> float:
         return _smaller_first(remaining_run_s(view, ctx))
     if kind == "ftf":
         return ftf_rho(view, ctx)
+    if kind == "srtf_lr":
+        return srtf_lr_value(view, ctx) * ctx.weight_of(view.spec.tenant)
     raise ValueError(f"unknown priority kind {kind!r}; valid kinds: {', '.join(PRIORITY_KINDS)}")
 
 
@@ -176,7 +204,10 @@ def priority_values(kind: str, views: Sequence[JobView], ctx: PriorityContext) -
     - "las": 1 / (1 + attained GPU-hours) (least attained service first);
     - "sjf": 1 / (1 + age in hours) (shortest expected run first);
     - "srtf": 1 / (1 + remaining run in hours) (shortest remaining first);
-    - "ftf": Themis rho = T_shared / T_ideal (the job furthest behind its fair finish first).
+    - "ftf": Themis rho = T_shared / T_ideal (the job furthest behind its fair finish first);
+    - "srtf_lr": the SRTF value plus max(0, latency ratio - 1), times the tenant's weight
+      (`srtf_lr_value`; the planner projects the ratio over its horizon and reads the guard from the
+      settings).
 
     The bounded 1/(1+hours) form keeps ILP weights (prio + bias)^lambda in a sane numeric range. Unknown
     kind: ValueError naming it and the valid kinds.

@@ -10,9 +10,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
-PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf"]
-PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf")
+PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr"]
+PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 SolverMode = Literal["auto", "exact", "classes"]
+GainBase = Literal["smallest", "expected"]
+GAIN_BASES: tuple[str, ...] = ("smallest", "expected")
 SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 
 
@@ -33,6 +35,15 @@ class SchedulerSettings:
     restart_penalty: bool = True
     preemption_cost: bool = True
     projected_priority: bool = True
+    move_min_gain: float = 0.15  # [ours] a same-count move that frees no room must gain this much
+    lr_guard: float = 1.0
+    # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
+    # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its
+    # expected run time assumes (then w x G with the srtf_lr priority is the share of the job's
+    # remaining work done per hour: Smith's rule)
+    gain_base: GainBase = (
+        "smallest"  # [ours] "srtf_lr": the latency ratio past which a job climbs over the SRTF order
+    )
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
@@ -68,8 +79,14 @@ class SchedulerSettings:
             raise bad("time_limit_s", "must be > 0")
         if self.priority not in PRIORITY_KINDS:
             raise bad("priority", f"must be one of {', '.join(PRIORITY_KINDS)}")
+        if not (math.isfinite(self.lr_guard) and self.lr_guard >= 0):
+            raise bad("lr_guard", "must be a number >= 0")
         if not (isinstance(self.rnum, int) and self.rnum >= 1):
             raise bad("rnum", "must be an integer >= 1")
+        if not (math.isfinite(self.move_min_gain) and self.move_min_gain >= 0):
+            raise bad("move_min_gain", "must be a number >= 0")
+        if self.gain_base not in GAIN_BASES:
+            raise bad("gain_base", f"must be one of {', '.join(GAIN_BASES)}")
         if self.solver not in SOLVER_MODES:
             raise bad("solver", f"must be one of {', '.join(SOLVER_MODES)}")
         if not (isinstance(self.exact_max_variables, int) and self.exact_max_variables >= 0):

@@ -63,6 +63,7 @@ HOPS_VARIANTS = {
     "hops-las": "las",
     "hops-sjf": "sjf",
     "hops-srtf": "srtf",
+    "hops-srtf-lr": "srtf_lr",
     "hops-ftf": "ftf",
     "hops-fifo": "fifo",
 }

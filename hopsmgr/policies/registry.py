@@ -17,6 +17,7 @@ POLICY_NAMES: tuple[str, ...] = (
     "hops-las",
     "hops-sjf",
     "hops-srtf",
+    "hops-srtf-lr",
     "hops-ftf",
     "hops-fifo",
     "gavel",

@@ -222,6 +222,9 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("scheduler reserve share", "lambda = 2", "reserve_share = 1.5", "scheduler.reserve_share", "1.5"),
     ("scheduler reserve min gpus", "lambda = 2", "reserve_min_gpus = 0", "scheduler.reserve_min_gpus", "0"),
     ("scheduler reserve lr", "lambda = 2", "reserve_after_lr = -1.0", "scheduler.reserve_after_lr", "-1.0"),
+    ("scheduler lr guard", "lambda = 2", "lr_guard = -0.5", "scheduler.lr_guard", "-0.5"),
+    ("scheduler move gain", "lambda = 2", "move_min_gain = -0.1", "scheduler.move_min_gain", "-0.1"),
+    ("scheduler gain base", "lambda = 2", 'gain_base = "largest"', "scheduler.gain_base", "'largest'"),
     (
         "scheduler backfill factor",
         "lambda = 2",

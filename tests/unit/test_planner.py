@@ -449,3 +449,92 @@ def test_a_running_job_behind_the_window_is_not_moved_for_nothing(restart_penalt
         plan = plan_round(snapshot(servers, [a, *wide], tenants=tenants), profiled(a, *wide), settings_)
         assert "a" not in plan.window
         assert plan.assignments["a"] == a.current
+
+
+@pytest.mark.parametrize("projected", [True, False])
+def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) -> None:
+    # q has waited 200 s less than its age: below the guard (1) on its plain ratio, past it once
+    # projected over the horizon (min_attempt_s 300 + 2 x restart 60 = 420 s); r runs and also counts
+    # what a preemption would add (its checkpoint and restart).
+    from hopsmgr.core.planner import priority_context
+    from hopsmgr.core.priority import expected_run_s, remaining_run_s
+    from hopsmgr.core.program import preemption_cost_s
+
+    servers = [srv("a0", 1, 1.0)]
+    probe = JobView(spec("q", 1))
+    est = profiled(probe, JobView(spec("r", 1)))
+    ctx = priority_context(snapshot(servers, [probe]), est)
+    age = expected_run_s(probe.spec, ctx)
+    queued = JobView(spec("q", 1), waited_s=(age - 200.0))
+    running = JobView(
+        spec("r", 1),
+        current=C(a0=1),
+        waited_s=(age - 200.0),
+        done_samples=5e5,
+        running_s=500.0,
+        attempt_s=500.0,
+    )
+    settings_ = SchedulerSettings(solver="exact", priority="srtf_lr", projected_priority=projected)
+    plan = plan_round(snapshot(servers, [running, queued]), est, settings_)
+
+    def srtf(view: JobView) -> float:
+        return 1.0 / (1.0 + remaining_run_s(view, ctx) / 3600.0)
+
+    if projected:
+        ahead = 420.0
+        assert plan.priorities["q"] == pytest.approx(srtf(queued) + ((age - 200.0) + ahead) / age - 1.0)
+        ahead_r = ahead + preemption_cost_s(running.spec)
+        assert plan.priorities["r"] == pytest.approx(srtf(running) + ((age - 200.0) + ahead_r) / age - 1.0)
+    else:
+        assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})
+
+
+@pytest.mark.parametrize("gain_base", ["smallest", "expected"])
+def test_gain_base_divides_a_configuration_rate_by_the_rate_the_expected_run_time_assumes(
+    gain_base: str,
+) -> None:
+    # e asks for 1 or 2 GPUs (R_avg 1.5) on one type: its smallest configuration runs at the per-GPU
+    # rate p, its expected run time assumes 1.5 p. G = rate / p ("smallest") or rate / (1.5 p).
+    from hopsmgr.core.planner import priority_context
+    from hopsmgr.core.priority import expected_run_s
+
+    servers = [srv("a0", 2, 1.0)]
+    e = JobView(JobSpec("e", RequirementSet.of([1, 2]), 1e6, 32, restart_s=0.0))
+    est = profiled(e)
+    settings_ = SchedulerSettings(solver="exact", priority="srtf_lr", gain_base=gain_base)  # type: ignore[arg-type]
+    plan = plan_round(snapshot(servers, [e]), est, settings_)
+    ctx = priority_context(snapshot(servers, [e]), est)
+    expected_rate = e.spec.total_samples / expected_run_s(e.spec, ctx)
+    per_gpu = est.type_rate(e.spec, "A")
+    assert per_gpu is not None and expected_rate == pytest.approx(1.5 * per_gpu)
+    base = expected_rate if gain_base == "expected" else per_gpu
+    weight = plan.explain["e"].weight
+    candidates = {cand.config: cand.value for cand in plan.explain["e"].candidates}
+    assert set(candidates) == {str(C(a0=1)), str(C(a0=2))}
+    for gpus in (1, 2):
+        rate = est.config_rate(e.spec, C(a0=gpus), {s.id: s for s in servers})
+        assert rate is not None
+        assert candidates[str(C(a0=gpus))] == pytest.approx(weight * rate / base)
+
+
+@pytest.mark.parametrize(("min_gain", "moved"), [(0.15, False), (0.0, True)])
+def test_a_move_that_frees_nothing_must_gain_move_min_gain(min_gain: float, moved: bool) -> None:
+    # r runs alone on s1; s2 is 10% faster and idle. The program pays a 5-s checkpoint out of a 300-s
+    # horizon (factor 0.983) for 1.1x: it moves r. The move frees nothing the plan uses and gains less
+    # than 15%: kept, unless move_min_gain is 0.
+    servers = [srv("s1", 1, 1.0), srv("s2", 1, 1.1, order=1)]
+    r = JobView(spec("r", 1, restart_s=0.0), current=C(s1=1), running_s=5000.0, attempt_s=5000.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0, move_min_gain=min_gain)
+    plan = plan_round(snapshot(servers, [r]), profiled(r), settings_)
+    assert plan.assignments == {"r": C(s2=1) if moved else C(s1=1)}
+
+
+def test_a_lateral_move_that_makes_room_for_a_waiting_job_is_kept() -> None:
+    # r (1 GPU) sits on the 2-GPU server s1; w needs 2 GPUs and has waited long. Moving r to s2 (same
+    # speed: no gain) lets w run: the pass keeps the move, r's GPU on s1 is used by the plan.
+    servers = [srv("s1", 2, 1.0), srv("s2", 1, 1.0, order=1)]
+    r = JobView(spec("r", 1, restart_s=0.0), current=C(s1=1), running_s=5000.0, attempt_s=5000.0)
+    w = JobView(spec("w", 2, restart_s=0.0), waited_s=50_000.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0)
+    plan = plan_round(snapshot(servers, [r, w]), profiled(r, w), settings_)
+    assert plan.assignments == {"r": C(s2=1), "w": C(s1=2)}

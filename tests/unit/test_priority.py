@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hopsmgr.core.model import GpuType, JobSpec, JobView, RequirementSet
+from hopsmgr.core.model import Config, GpuType, JobSpec, JobView, RequirementSet
 from hopsmgr.core.priority import (
     PRIORITY_KINDS,
     PriorityContext,
@@ -22,6 +22,7 @@ from hopsmgr.core.priority import (
     priority_values,
     raqlr,
     remaining_run_s,
+    srtf_lr_value,
 )
 
 # --- two GPU types, a job with requirement set {2, 4} (R_avg = 3) ---------------------------------------
@@ -168,6 +169,7 @@ def ctx_q(**kw: object) -> PriorityContext:
         ("las", ["b", "c", "a"]),  # attained 0 < 1000 < 5000
         ("sjf", ["b", "c", "a"]),  # age 200 < 500 < 1000
         ("srtf", ["a", "b", "c"]),  # remaining 100 < 200 < 500
+        ("srtf_lr", ["a", "b", "c"]),  # every LR below the guard (1): as srtf
         ("latency_ratio", ["c", "b", "a"]),  # LR 0.8 > 0.5 > 0.1
         # rho: a (1000 + 100) / 1000 = 1.1, b (990 + 200) / 200 = 5.95, c (980 + 500) / 500 = 2.96
         ("ftf", ["b", "c", "a"]),
@@ -191,6 +193,57 @@ def test_tenant_weight_lifts_job_in_lr_order() -> None:
     values = priority_values("latency_ratio", views, ctx_q(tenant_weight={"gold": 10.0}))
     assert values["a"] == pytest.approx(1.0)
     assert [v.id for v in order_queue(views, values)] == ["a", "c", "b"]
+
+
+def test_srtf_lr_values_hand_computed() -> None:
+    # below the guard the SRTF value alone: 1 / (1 + remaining hours)
+    values = priority_values("srtf_lr", queue(), ctx_q())
+    assert values == pytest.approx(
+        {"a": 1 / (1 + 100 / 3600), "b": 1 / (1 + 200 / 3600), "c": 1 / (1 + 500 / 3600)}
+    )
+    # past it, the ratio's excess is added: c has waited 1,500 s on an age of 500 (LR 3): + 2
+    late = JobView(spec=spec("c", 20.0, 500.0), waited_s=1500.0)
+    assert srtf_lr_value(late, ctx_q()) == pytest.approx(1 / (1 + 500 / 3600) + 2.0)
+    assert srtf_lr_value(late, ctx_q(), guard=5.0) == pytest.approx(1 / (1 + 500 / 3600))
+    # projected 500 s ahead: LR (1,500 + 500) / 500 = 4
+    assert srtf_lr_value(late, ctx_q(), ahead_s=500.0) == pytest.approx(1 / (1 + 500 / 3600) + 3.0)
+
+
+def test_srtf_lr_guard_lifts_a_long_job_over_short_ones_once_its_ratio_passes_guard_plus_one() -> None:
+    # long: 100 h of work, waited 210 h (LR 2.1); short: 1 s of work, never waited (the SRTF maximum ~1)
+    long_job = JobView(spec=spec("long", 0.0, 360_000.0), waited_s=756_000.0)
+    short = JobView(spec=spec("short", 5.0, 1.0))
+    values = priority_values("srtf_lr", [long_job, short], ctx_q())
+    assert [v.id for v in order_queue([long_job, short], values)] == ["long", "short"]
+    # and plain SRTF would starve it
+    values = priority_values("srtf", [long_job, short], ctx_q())
+    assert [v.id for v in order_queue([long_job, short], values)] == ["short", "long"]
+
+
+def test_srtf_lr_a_running_job_is_not_overtaken_by_a_queued_one_of_its_size_waiting() -> None:
+    # r runs (half done), q waits; both 2,000 s of work. An hour later r has done 1,000 s more and q
+    # has waited an hour (LR 1.8, past the guard of 1 by 0.8). Latency ratio: r's is frozen (0), q's
+    # grows, so q overtakes r and the plan would rotate them. srtf_lr: r's SRTF value grows as it ends.
+    def views(t: float) -> list[JobView]:
+        r = JobView(
+            spec=spec("r", 0.0, 2000.0), done_samples=min(2000.0, 500.0 + t), current=Config.of({"s": 1})
+        )
+        q = JobView(spec=spec("q", 1.0, 2000.0), waited_s=t)
+        return [r, q]
+
+    for t in (0.0, 600.0, 1400.0):
+        values = priority_values("srtf_lr", views(t), ctx_q())
+        assert values["r"] > values["q"]
+    lr = priority_values("latency_ratio", views(1400.0), ctx_q())
+    assert lr["q"] > lr["r"]
+
+
+def test_srtf_lr_tenant_weight_multiplies_the_value() -> None:
+    views = queue(a_tenant="gold")
+    plain = priority_values("srtf_lr", views, ctx_q())
+    weighted = priority_values("srtf_lr", views, ctx_q(tenant_weight={"gold": 0.1}))
+    assert weighted["a"] == pytest.approx(0.1 * plain["a"])
+    assert weighted["b"] == pytest.approx(plain["b"])
 
 
 def test_bad_kind_raises_naming_it() -> None:

@@ -36,14 +36,12 @@ class SchedulerSettings:
     preemption_cost: bool = True
     projected_priority: bool = True
     move_min_gain: float = 0.15  # [ours] a same-count move that frees no room must gain this much
-    lr_guard: float = 1.0
+    lr_guard: float = 1.0  # [ours] "srtf_lr": the latency ratio past which a job climbs over the SRTF order
     # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
     # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its
     # expected run time assumes (then w x G with the srtf_lr priority is the share of the job's
-    # remaining work done per hour: Smith's rule)
-    gain_base: GainBase = (
-        "smallest"  # [ours] "srtf_lr": the latency ratio past which a job climbs over the SRTF order
-    )
+    # remaining work done per hour: Smith's rule; docs/results.md measures both)
+    gain_base: GainBase = "expected"
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0

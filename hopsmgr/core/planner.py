@@ -472,12 +472,29 @@ def _keep_moves_that_free_nothing(
     program's own values: the solver stops within its gap, and a move costs far less than the gap)
     or when it keeps its GPU count and gains less than `move_min_gain` in estimated throughput (less
     than the estimator's error on servers the job has not run on, and each move is paid again when
-    the next plan moves it on). Jobs in queue order; a kept job's new GPUs go back to the pool."""
+    the next plan moves it on). Jobs in queue order; a kept job's new GPUs go back to the pool, and
+    the pass repeats until it keeps no more (a move skipped because a later-undone move used its GPUs
+    frees nothing either); each job is kept at most once, so it ends."""
     used: dict[ServerId, int] = {}
     for config in assignment.values():
         for sid, g in config.parts:
             used[sid] = used.get(sid, 0) + g
     capped = {name for name, q in state.snapshot.tenants.items() if q.cap_gpus is not None}
+    while _keep_pass(state, jobs, free, running, assignment, used, capped):
+        pass
+
+
+def _keep_pass(
+    state: RoundState,
+    jobs: Sequence[JobView],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    assignment: dict[JobId, Config],
+    used: dict[ServerId, int],
+    capped: set[str],
+) -> bool:
+    """One pass of `_keep_moves_that_free_nothing`; True if it kept a job where it runs."""
+    kept = False
     for view in jobs:
         current = running.get(view.id)
         new = assignment.get(view.id)
@@ -504,6 +521,8 @@ def _keep_moves_that_free_nothing(
         for sid, g in current.parts:
             used[sid] = used.get(sid, 0) + g
         assignment[view.id] = current
+        kept = True
+    return kept
 
 
 def _note(

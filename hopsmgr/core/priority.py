@@ -158,8 +158,8 @@ def srtf_lr_value(
 
     The first term (in (0, 1]) ranks jobs by their expected remaining run time, the order that minimises
     the average completion time; a running job's grows as it progresses, so a queued job of the same
-    size never overtakes it by waiting alone (the latency ratio of a running job is frozen while a
-    queued one's grows). The second term is 0 until the job's (projected) latency ratio passes `guard`
+    size does not overtake it by waiting alone before it passes its guard (the latency ratio of a
+    running job is frozen while a queued one's grows). The second term is 0 until the job's (projected) latency ratio passes `guard`
     and then grows by one for each further age of waiting: a job whose ratio passes guard + 1 ranks
     above every job not past its guard, so no job starves, in the latency ratio's own units. 0.0 for a
     job whose age is unknown (like the other kinds' "unknown size last").

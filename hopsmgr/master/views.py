@@ -13,7 +13,7 @@ from hopsmgr.core import fairshare
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobView
 from hopsmgr.core.planner import Plan, context_of
-from hopsmgr.core.priority import PriorityContext, estimated_wait_s, raqlr
+from hopsmgr.core.priority import PriorityContext, estimated_wait_s, latency_ratio, raqlr
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError
 from hopsmgr.master.state import NodeRecord, calibration_json
@@ -54,10 +54,15 @@ def job_summary(
     if job is not None and job.attempt is not None and job.attempt in ctl.state.attempts:
         placement = ctl.state.attempts[job.attempt].placement.as_dict()
     priority = plan.priorities.get(row["id"]) if plan else None
-    tenant = ctl.state.tenants.get(row["tenant"])
-    weight = tenant.weight if tenant else 1.0
     position = None
     est_wait = None
+    ratio = None
+    if job is not None and priority is not None:
+        # the latency ratio itself (wait / expected run time), not the priority it enters: the kinds
+        # other than latency_ratio, the projection over the plan's horizon and fair share all differ
+        ctx = ctx or wait_context(ctl)
+        waited = waited_s(job, ctl.machine.state, ctl.clock())
+        ratio = latency_ratio(JobView(job.spec, done_samples=job.done_samples, waited_s=waited), ctx)
     if job is not None and job.state == JobState.QUEUED:
         position = ctl.positions.get(row["id"])
         value = current_raqlr(ctl)
@@ -78,7 +83,7 @@ def job_summary(
         "placement": placement,
         "position": position,
         "priority": priority,
-        "latency_ratio": None if priority is None else priority / weight,
+        "latency_ratio": ratio,
         "est_wait_s": est_wait,
         "progress": min(1.0, (job.done_samples if job else row["done_samples"]) / total_samples),
         "restarts": job.restarts if job else row["restarts"],

@@ -8,6 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from hopsmgr.control.snapshot import waited_s
+from hopsmgr.core.priority import expected_run_s
+from hopsmgr.master.views import wait_context
 from tests.helpers.inprocess import InProcessCluster
 
 EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "emulated_train.py")
@@ -41,11 +46,19 @@ def test_jobs_run_complete_and_cancel_with_the_invariants_held(
         return str(cluster.api("GET", f"/api/v1/jobs/{job_id}")["state"])
 
     cluster.wait(lambda: state(long) == "RUNNING", 60, f"{long} running")
+    ctl = cluster.master.ctl
+    assert ctl is not None
+    # the API's latency ratio is the running job's wait (frozen while it runs) over its expected run
+    # time, not the priority the planner gave it (projected over the plan's horizon)
+    shown = cluster.api("GET", f"/api/v1/jobs/{long}")
+    live = ctl.machine.state.jobs[long]
+    if live.state.value == "RUNNING":
+        waited = waited_s(live, ctl.machine.state, ctl.clock())
+        age = expected_run_s(live.spec, wait_context(ctl))
+        assert shown["latency_ratio"] == pytest.approx(waited / age, rel=1e-6, abs=1e-9)
     cluster.api("POST", f"/api/v1/jobs/{long}/cancel")
     cluster.wait(lambda: all(state(j) == "COMPLETED" for j in short), 90, "the short jobs to complete")
     cluster.wait(lambda: state(long) == "CANCELLED", 30, f"{long} cancelled")
-    ctl = cluster.master.ctl
-    assert ctl is not None
     cluster.wait(lambda: not ctl.machine.state.attempts, 30, "every attempt to end")
     detail = cluster.api("GET", f"/api/v1/jobs/{long}")
     assert [a["end_reason"] for a in detail["attempts"] if not a["profiling"]][-1] in ("exited", "cancelled")

@@ -538,3 +538,24 @@ def test_a_lateral_move_that_makes_room_for_a_waiting_job_is_kept() -> None:
     settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0)
     plan = plan_round(snapshot(servers, [r, w]), profiled(r, w), settings_)
     assert plan.assignments == {"r": C(s2=1), "w": C(s1=2)}
+
+
+def test_moves_that_free_nothing_are_kept_through_a_chain() -> None:
+    # The program moves a (s1 -> s2, 10% faster) and b (s3 -> s1, 10% faster): a's move makes room for
+    # b's. b's gains less than 15% and frees nothing: b stays on s3, and then a's move frees nothing
+    # either, so a stays on s1 too (a single pass in queue order had left a moved and s1 half idle).
+    servers = [srv("s1", 2, 1.1), srv("s2", 1, 1.1, order=1), srv("s3", 2, 1.0, order=2)]
+    a = JobView(
+        spec("a", 1, restart_s=0.0), current=C(s1=1), waited_s=3000.0, running_s=5000.0, attempt_s=5000.0
+    )
+    b = JobView(
+        spec("b", 2, restart_s=0.0), current=C(s3=2), waited_s=100.0, running_s=5000.0, attempt_s=5000.0
+    )
+    free_moves = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0, move_min_gain=0.0)
+    assert plan_round(snapshot(servers, [a, b]), profiled(a, b), free_moves).assignments == {
+        "a": C(s2=1),
+        "b": C(s1=2),
+    }
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0)
+    plan = plan_round(snapshot(servers, [a, b]), profiled(a, b), settings_)
+    assert plan.assignments == {"a": C(s1=1), "b": C(s3=2)}

@@ -221,9 +221,9 @@ def test_srtf_lr_guard_lifts_a_long_job_over_short_ones_once_its_ratio_passes_gu
 
 
 def test_srtf_lr_a_running_job_is_not_overtaken_by_a_queued_one_of_its_size_waiting() -> None:
-    # r runs (half done), q waits; both 2,000 s of work. An hour later r has done 1,000 s more and q
-    # has waited an hour (LR 1.8, past the guard of 1 by 0.8). Latency ratio: r's is frozen (0), q's
-    # grows, so q overtakes r and the plan would rotate them. srtf_lr: r's SRTF value grows as it ends.
+    # r runs (a quarter done), q waits; both 2,000 s of work. Until r ends (t = 1,500 s) q's latency
+    # ratio stays under the guard of 1. Latency ratio: r's is frozen (0), q's grows, so q overtakes r
+    # and the plan would rotate them. srtf_lr: r's SRTF value grows as it ends, and q's does not.
     def views(t: float) -> list[JobView]:
         r = JobView(
             spec=spec("r", 0.0, 2000.0), done_samples=min(2000.0, 500.0 + t), current=Config.of({"s": 1})
@@ -231,11 +231,21 @@ def test_srtf_lr_a_running_job_is_not_overtaken_by_a_queued_one_of_its_size_wait
         q = JobView(spec=spec("q", 1.0, 2000.0), waited_s=t)
         return [r, q]
 
-    for t in (0.0, 600.0, 1400.0):
+    for t in (0.0, 600.0, 1400.0, 1499.0):
         values = priority_values("srtf_lr", views(t), ctx_q())
         assert values["r"] > values["q"]
     lr = priority_values("latency_ratio", views(1400.0), ctx_q())
     assert lr["q"] > lr["r"]
+
+
+def test_srtf_lr_past_its_guard_a_queued_job_overtakes_a_running_one() -> None:
+    # r runs with 1,000 s left (SRTF value 1 / (1 + 0.28) = 0.78); q (2,000 s of work) has waited
+    # 2,400 s: LR 1.2, 0.2 past the guard, value 1 / (1 + 0.56) + 0.2 = 0.84: q goes first.
+    r = JobView(spec=spec("r", 0.0, 2000.0), done_samples=1000.0, current=Config.of({"s": 1}))
+    q = JobView(spec=spec("q", 1.0, 2000.0), waited_s=2400.0)
+    values = priority_values("srtf_lr", [r, q], ctx_q())
+    assert values["q"] > values["r"]
+    assert values["q"] == pytest.approx(1 / (1 + 2000 / 3600) + 0.2)
 
 
 def test_srtf_lr_tenant_weight_multiplies_the_value() -> None:

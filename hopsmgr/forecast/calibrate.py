@@ -18,7 +18,16 @@ inference, Gibbs and Candes, NeurIPS 2021): when a job starts, each tail's level
 the job, else 0; a side that misses more than 10% of the time widens until it does not, and one that
 misses less narrows back; a level at or below 0 leaves that side unbounded (a P90 "past what can be
 said", None, as past the horizon). Over any run of jobs the share of misses on each side stays within
-(1 + gamma) / (gamma * jobs) of 10%, whatever the load does. Pure: the callers say what started.
+(1 + gamma) / (gamma * jobs) of 10%, whatever the load does.
+
+A miss above is often known long before the job starts: in a queue that grows, the jobs that will
+start above their intervals are the ones still waiting, and learning of them only at their start
+(hours later) leaves the levels behind the load. So `StartTracker.waiting` takes each job still waiting
+past the P90 first shown for it as the miss it will be, at once: its observation (above, not below)
+adapts the levels then, once, and not again when it starts (its residual still comes at its start).
+Each job is still observed once, so the bound above holds, loosened by the misses observed while a side
+was already open (of intervals shown before it opened), as it was with misses learnt at the start.
+Pure: the callers say what started and when it is.
 """
 
 from __future__ import annotations
@@ -101,6 +110,8 @@ class StartTracker:
     residuals: Residuals
     # job -> (made, raw start P50, shown start P10, shown start P90)
     first: dict[str, tuple[float, float, float | None, float | None]] = field(default_factory=dict)
+    # waiting jobs past their shown P90: a miss above, observed when it became known (`waiting`)
+    overdue: set[str] = field(default_factory=set)
 
     def note(self, forecasts: Mapping[str, JobForecast]) -> None:
         """Keep the first P50 start forecast of every job that has one (the raw futures', not widened),
@@ -114,11 +125,25 @@ class StartTracker:
         """The job's first start was at `at`; a start before its forecast was made is not a start of
         the wait forecast (the job waited for a restart after a preemption): no residual."""
         found = self.first.pop(job_id, None)
+        known = job_id in self.overdue
+        self.overdue.discard(job_id)
         if found is not None and at >= found[0]:
             made, p50, p10, p90 = found
             self.residuals.add(p50 - made, at - made)
-            self.residuals.observe(p10 is not None and at < p10, p90 is not None and at > p90)
+            if not known:  # an overdue job's miss was observed when it became known
+                self.residuals.observe(p10 is not None and at < p10, p90 is not None and at > p90)
+
+    def waiting(self, now: float) -> None:
+        """Every job the tracker holds still waits at `now` (the callers have reported each start up to
+        `now` with `started`): each one past the P90 first shown for it will start above its interval,
+        a miss known now, observed now (module docstring), once."""
+        for job_id, (_, _, _, p90) in self.first.items():
+            if p90 is not None and now > p90 and job_id not in self.overdue:
+                self.overdue.add(job_id)
+                self.residuals.observe(False, True)
 
     def forget(self, job_id: str) -> None:
-        """A job that ended without starting (cancelled, failed): no residual."""
+        """A job that ended without starting (cancelled, failed): no residual (a miss above observed
+        while it waited stays observed: it was one for as long as the job waited)."""
         self.first.pop(job_id, None)
+        self.overdue.discard(job_id)

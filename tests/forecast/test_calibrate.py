@@ -112,3 +112,57 @@ def test_the_tails_adapt_to_the_misses_so_a_drifting_load_is_still_covered() -> 
 
     assert run(Fraction(0)) > 0.2  # split conformal alone: the drift leaves it behind
     assert run(GAMMA) <= 0.12
+
+
+def test_a_job_waiting_past_its_p90_is_a_miss_above_observed_at_once_and_only_once() -> None:
+    tracker = StartTracker(Residuals(round_s=100.0, min_count=1))
+    levels = lambda: (tracker.residuals.low_level, tracker.residuals.high_level)  # noqa: E731
+    tracker.note({"a": fc(0.0, 400.0, 500.0, 600.0), "b": fc(0.0, 400.0, 500.0, 600.0)})
+    tracker.waiting(600.0)  # at its P90: not past it yet
+    assert levels() == (Fraction(1, 10), Fraction(1, 10)) and not tracker.overdue
+    tracker.waiting(601.0)
+    after = (Fraction(1, 10) + GAMMA / 10, Fraction(1, 10) - GAMMA * Fraction(9, 10))
+    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))  # both jobs, once each
+    tracker.waiting(5000.0)  # still waiting: not again
+    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
+    tracker.started("a", 9000.0)  # its residual comes at its start, its miss does not come again
+    assert list(tracker.residuals.values) == [17.0]
+    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
+    tracker.forget("b")  # ended without starting: its observed miss stays, nothing more
+    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
+    assert not tracker.overdue and not tracker.first
+    # a job that starts inside its interval is observed at its start, as before
+    tracker.note({"c": fc(0.0, 400.0, 500.0, 600.0)})
+    shown_p90 = tracker.first["c"][3]
+    assert shown_p90 is not None
+    tracker.waiting(shown_p90 - 1.0)
+    tracker.started("c", shown_p90 - 1.0)
+    assert tracker.residuals.high_level == after[1] - GAMMA * Fraction(9, 10) + GAMMA / 10
+
+
+def test_known_misses_of_waiting_jobs_adapt_the_upper_tail_before_they_start() -> None:
+    # A steady queue, then the waits jump to ten times the forecasts (a burst the futures do not see):
+    # the jobs that miss above are the ones still waiting, for hours. Observed at their starts only,
+    # the misses come too late to widen the intervals of the jobs forecast meanwhile; observed as soon
+    # as a job waits past its P90, they widen them in time.
+    def run(early: bool) -> float:
+        rng = random.Random(3)
+        tracker = StartTracker(Residuals(round_s=60.0))
+        starts: dict[str, float] = {}
+        above = 0
+        for k in range(300):
+            now = 100.0 * k
+            for job_id in [j for j in tracker.first if starts[j] <= now]:
+                tracker.started(job_id, starts[job_id])
+            if early:
+                tracker.waiting(now)
+            forecast = 1000.0
+            tracker.note({f"j{k}": fc(now, now + 0.9 * forecast, now + forecast, now + 1.1 * forecast)})
+            p90 = tracker.first[f"j{k}"][3]
+            drift = 9.0 if k >= 100 else 0.0
+            starts[f"j{k}"] = now + forecast * (rng.uniform(0.7, 1.3) + drift)
+            above += k >= 100 and p90 is not None and starts[f"j{k}"] > p90
+        return above / 200
+
+    late, early = run(False), run(True)
+    assert late > 0.4 and early < 0.15, (early, late)

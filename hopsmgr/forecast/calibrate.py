@@ -27,6 +27,12 @@ past the P90 first shown for it as the miss it will be, at once: its observation
 adapts the levels then, once, and not again when it starts (its residual still comes at its start).
 Each job is still observed once, so the bound above holds, loosened by the misses observed while a side
 was already open (of intervals shown before it opened), as it was with misses learnt at the start.
+For the same reason the started jobs' residuals are the short waits' more than the long ones': a job
+still waiting past its P50 forecast has a residual of at least (now - P50) / scale (right-censored), so
+the upper bound is taken over the residuals and these least values together (each is at most its
+job's residual to come, so the bound is at most the one those jobs' residuals will give). The lower
+bound stays the started jobs' (the censored ones could only raise it: a narrower interval on what is
+not known yet).
 Pure: the callers say what started and when it is.
 """
 
@@ -55,6 +61,15 @@ class Residuals:
     # each tail's miscoverage level (TAIL at first), moved by the misses the callers `observe`
     low_level: Fraction = TAIL
     high_level: Fraction = TAIL
+    # the least residuals of the jobs still waiting past their P50 forecast, as of the last `censor`
+    censored: list[float] = field(default_factory=list)
+    # (values, values and censored), sorted: what `bounds` reads, kept until either changes
+    ordered: tuple[list[float], list[float]] | None = field(default=None, repr=False, compare=False)
+
+    def censor(self, least: list[float]) -> None:
+        """The jobs waiting now past their P50 forecast: each one's residual is at least that in `least`."""
+        self.censored = list(least)
+        self.ordered = None
 
     def observe(self, below: bool, above: bool) -> None:
         """A job started below (`below`) or above (`above`) the interval first shown for it, or in it."""
@@ -65,10 +80,12 @@ class Residuals:
         """A job started `actual_wait_s` after a forecast that said `forecast_wait_s` (its P50)."""
         scale = max(forecast_wait_s, self.round_s)
         self.values.append((actual_wait_s - forecast_wait_s) / scale)
+        self.ordered = None
 
     def bounds(self) -> tuple[float, float] | None:
-        """The split-conformal lower and upper bounds of the residuals (module docstring); None until
-        `min_count` jobs are in, or while the bounds do not exist yet."""
+        """The split-conformal lower and upper bounds of the residuals (module docstring), the upper one
+        over the censored residuals too, each at its least; None until `min_count` jobs are in, or while
+        the bounds do not exist yet."""
         n = len(self.values)
         if n < self.min_count:
             return None
@@ -77,10 +94,13 @@ class Residuals:
             return None
         # the adapted levels; at or below 0 a tail has no bound (the past's residuals are not enough)
         low_rank = min(math.floor((n + 1) * self.low_level), n)
-        high_rank = max(math.ceil((n + 1) * (1 - self.high_level)), 1)
-        xs = sorted(self.values)
+        if self.ordered is None:
+            self.ordered = sorted(self.values), sorted([*self.values, *self.censored])
+        xs, ys = self.ordered
         low = xs[low_rank - 1] if low_rank >= 1 else -math.inf
-        high = xs[high_rank - 1] if high_rank <= n else math.inf
+        m = len(ys)
+        high_rank = max(math.ceil((m + 1) * (1 - self.high_level)), 1)
+        high = ys[high_rank - 1] if high_rank <= m else math.inf
         return low, high
 
     def widen(self, forecast: JobForecast) -> JobForecast:
@@ -136,7 +156,12 @@ class StartTracker:
     def waiting(self, now: float) -> None:
         """Every job the tracker holds still waits at `now` (the callers have reported each start up to
         `now` with `started`): each one past the P90 first shown for it will start above its interval,
-        a miss known now, observed now (module docstring), once."""
+        a miss known now, observed now (module docstring), once; each one past its P50 forecast has a
+        residual of at least (now - P50) / scale, which the upper bound counts (`Residuals.censor`)."""
+        round_s = self.residuals.round_s
+        self.residuals.censor(
+            [(now - p50) / max(p50 - made, round_s) for made, p50, _, _ in self.first.values() if now > p50]
+        )
         for job_id, (_, _, _, p90) in self.first.items():
             if p90 is not None and now > p90 and job_id not in self.overdue:
                 self.overdue.add(job_id)

@@ -166,3 +166,24 @@ def test_known_misses_of_waiting_jobs_adapt_the_upper_tail_before_they_start() -
 
     late, early = run(False), run(True)
     assert late > 0.4 and early < 0.15, (early, late)
+
+
+def test_jobs_waiting_past_their_p50_count_in_the_upper_bound_at_their_least_residual() -> None:
+    tracker = StartTracker(Residuals(round_s=100.0))
+    for k in range(9):
+        tracker.residuals.add(1000.0, 1000.0 + 100.0 * k)  # residuals 0, 0.1, ..., 0.8
+    assert tracker.residuals.bounds() == (0.0, 0.8)
+    # ten jobs forecast at 0 to start at 1000: still waiting at 6000, each residual is at least 5
+    tracker.note({f"w{k}": fc(0.0, 900.0, 1000.0, None) for k in range(10)})
+    tracker.note({"young": fc(5500.0, 5900.0, 6000.0, 6100.0)})  # not past its P50: not counted
+    tracker.waiting(6000.0)
+    assert sorted(tracker.residuals.censored) == [5.0] * 10
+    low, high = tracker.residuals.bounds() or (0.0, 0.0)
+    assert low == 0.0  # the lower bound is the started jobs' alone
+    assert high == 5.0  # 19 values: the 18th smallest, one of the waiting jobs' least residuals
+    widened = tracker.residuals.widen(fc(10_000.0, 10_900.0, 11_000.0, 11_100.0))
+    assert widened.start_p90 == 11_000.0 + 5.0 * 1000.0
+    tracker.started("w0", 7000.0)  # starts: a residual of 6; the others still wait
+    tracker.waiting(7000.0)
+    assert len(tracker.residuals.censored) == 9 + 1  # "young" is past its P50 now: (7000 - 6000) / 500 = 2
+    assert 2.0 in tracker.residuals.censored and tracker.residuals.values[-1] == 6.0

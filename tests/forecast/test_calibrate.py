@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from hopsmgr.forecast.calibrate import GAMMA, Residuals, StartTracker
+from hopsmgr.forecast.calibrate import GAMMA, TAIL, Residuals, StartTracker
 from hopsmgr.forecast.future import JobForecast
 
 
@@ -119,25 +119,42 @@ def test_a_job_waiting_past_its_p90_is_a_miss_above_observed_at_once_and_only_on
     levels = lambda: (tracker.residuals.low_level, tracker.residuals.high_level)  # noqa: E731
     tracker.note({"a": fc(0.0, 400.0, 500.0, 600.0), "b": fc(0.0, 400.0, 500.0, 600.0)})
     tracker.waiting(600.0)  # at its P90: not past it yet
-    assert levels() == (Fraction(1, 10), Fraction(1, 10)) and not tracker.overdue
+    assert levels() == (TAIL, TAIL) and not tracker.overdue
     tracker.waiting(601.0)
-    after = (Fraction(1, 10) + GAMMA / 10, Fraction(1, 10) - GAMMA * Fraction(9, 10))
-    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))  # both jobs, once each
+    # both jobs, once each (not below either: the low level stays at its top)
+    after = (TAIL, TAIL - 2 * GAMMA * (1 - TAIL))
+    assert levels() == after
     tracker.waiting(5000.0)  # still waiting: not again
-    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
+    assert levels() == after
     tracker.started("a", 9000.0)  # its residual comes at its start, its miss does not come again
-    assert list(tracker.residuals.values) == [17.0]
-    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
+    assert list(tracker.residuals.values) == [17.0] and levels() == after
     tracker.forget("b")  # ended without starting: its observed miss stays, nothing more
-    assert levels() == (after[0] + GAMMA / 10, after[1] - GAMMA * Fraction(9, 10))
-    assert not tracker.overdue and not tracker.first
+    assert levels() == after and not tracker.overdue and not tracker.first
     # a job that starts inside its interval is observed at its start, as before
     tracker.note({"c": fc(0.0, 400.0, 500.0, 600.0)})
     shown_p90 = tracker.first["c"][3]
     assert shown_p90 is not None
     tracker.waiting(shown_p90 - 1.0)
     tracker.started("c", shown_p90 - 1.0)
-    assert tracker.residuals.high_level == after[1] - GAMMA * Fraction(9, 10) + GAMMA / 10
+    assert levels() == (TAIL, after[1] + GAMMA * TAIL)
+
+
+def test_a_tail_narrows_back_to_the_split_conformal_bound_and_no_further() -> None:
+    # A quiet cluster first: jobs forecast to start at once do, inside any interval. The levels stay at
+    # 10%, so the bounds stay the split-conformal ones when the waits come.
+    residuals = Residuals(round_s=100.0)
+    for _ in range(20):
+        residuals.add(0.0, 0.0)
+        residuals.observe(False, False)
+    assert (residuals.low_level, residuals.high_level) == (TAIL, TAIL)
+    for k in range(19):
+        residuals.add(100.0, 100.0 + 100.0 * k)  # residuals 0 .. 18 over 39 values
+    assert residuals.bounds() == (0.0, 15.0)  # the 4th and the 36th smallest (n = 39; 21 zeros)
+    residuals.observe(False, True)  # a miss above widens that side ...
+    assert residuals.high_level == TAIL - GAMMA * (1 - TAIL)
+    for _ in range(100):
+        residuals.observe(False, False)  # ... and starts inside narrow it back to 10%, not past it
+    assert residuals.high_level == TAIL
 
 
 def test_known_misses_of_waiting_jobs_adapt_the_upper_tail_before_they_start() -> None:

@@ -18,8 +18,8 @@ inference, Gibbs and Candes, NeurIPS 2021): when a job starts, each tail's level
 the job, else 0; a side that misses more than 10% of the time widens until it does not, and one that
 misses less narrows back, but never past the split-conformal bound: a level never rises above 10%.
 (Without that ceiling the first jobs of a quiet cluster, which start at once and inside any interval,
-raised both levels to 0.2-0.26 within 30 jobs in bench/forecast.py's carried load, narrowing every
-interval to the residuals' 75th-80th percentiles before the first waits; the misses that followed
+raised the levels to 0.2-0.26 within 30 jobs in bench/forecast.py's carried load, narrowing the
+intervals to the residuals' 74th-80th percentiles before the first waits; the misses that followed
 were what brought them back.) A level at or below 0 leaves that side unbounded (a P90 "past what can
 be said", None, as past the horizon). Over any run of jobs the share of misses on each side stays at
 most (0.1 + gamma) / (gamma * jobs) above 10%, whatever the load does (the ceiling gives up only the

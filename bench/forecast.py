@@ -80,6 +80,7 @@ class Replay(Simulation):
             started = self.jobs[job_id].first_start
             if started is not None and started <= self.now:
                 self.tracker.started(job_id, started)
+        self.tracker.waiting(self.now)  # the rest still wait: those past their P90 are known misses
         live = capture(self.machine, self.now, self.recent, next_round=self.next_round)
         t0 = time.perf_counter()
         result = forecast(live, self.settings, time.perf_counter)

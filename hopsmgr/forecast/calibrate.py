@@ -16,9 +16,29 @@ the last jobs' residuals say), so the two tails' levels adapt to what happened (
 inference, Gibbs and Candes, NeurIPS 2021): when a job starts, each tail's level moves by
 `gamma * (0.1 - miss)`, `miss` 1 if the start fell outside that side of the interval first shown for
 the job, else 0; a side that misses more than 10% of the time widens until it does not, and one that
-misses less narrows back; a level at or below 0 leaves that side unbounded (a P90 "past what can be
-said", None, as past the horizon). Over any run of jobs the share of misses on each side stays within
-(1 + gamma) / (gamma * jobs) of 10%, whatever the load does. Pure: the callers say what started.
+misses less narrows back, but never past the split-conformal bound: a level never rises above 10%.
+(Without that ceiling the first jobs of a quiet cluster, which start at once and inside any interval,
+raised the levels to 0.2-0.26 within 30 jobs in bench/forecast.py's carried load, narrowing the
+intervals to the residuals' 74th-80th percentiles before the first waits; the misses that followed
+were what brought them back.) A level at or below 0 leaves that side unbounded (a P90 "past what can
+be said", None, as past the horizon). Over any run of jobs the share of misses on each side stays at
+most (0.1 + gamma) / (gamma * jobs) above 10%, whatever the load does (the ceiling gives up only the
+bound on how far below 10% it can be: a side the split-conformal bound covers better stays as is).
+
+A miss above is often known long before the job starts: in a queue that grows, the jobs that will
+start above their intervals are the ones still waiting, and learning of them only at their start
+(hours later) leaves the levels behind the load. So `StartTracker.waiting` takes each job still waiting
+past the P90 first shown for it as the miss it will be, at once: its observation (above, not below)
+adapts the levels then, once, and not again when it starts (its residual still comes at its start).
+Each job is still observed once, so the bound above holds, loosened by the misses observed while a side
+was already open (of intervals shown before it opened), as it was with misses learnt at the start.
+For the same reason the started jobs' residuals are the short waits' more than the long ones': a job
+still waiting past its P50 forecast has a residual of at least (now - P50) / scale (right-censored), so
+the upper bound is taken over the residuals and these least values together (each is at most its
+job's residual to come, so the bound is at most the one those jobs' residuals will give). The lower
+bound stays the started jobs' (the censored ones could only raise it: a narrower interval on what is
+not known yet).
+Pure: the callers say what started and when it is.
 """
 
 from __future__ import annotations
@@ -43,23 +63,34 @@ class Residuals:
     min_count: int = MIN_COUNT
     values: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
     gamma: Fraction = GAMMA
-    # each tail's miscoverage level (TAIL at first), moved by the misses the callers `observe`
+    # each tail's miscoverage level (TAIL at first and at most), moved by the misses the callers `observe`
     low_level: Fraction = TAIL
     high_level: Fraction = TAIL
+    # the least residuals of the jobs still waiting past their P50 forecast, as of the last `censor`
+    censored: list[float] = field(default_factory=list)
+    # (values, values and censored), sorted: what `bounds` reads, kept until either changes
+    ordered: tuple[list[float], list[float]] | None = field(default=None, repr=False, compare=False)
+
+    def censor(self, least: list[float]) -> None:
+        """The jobs waiting now past their P50 forecast: each one's residual is at least that in `least`."""
+        self.censored = list(least)
+        self.ordered = None
 
     def observe(self, below: bool, above: bool) -> None:
         """A job started below (`below`) or above (`above`) the interval first shown for it, or in it."""
-        self.low_level += self.gamma * (TAIL - int(below))
-        self.high_level += self.gamma * (TAIL - int(above))
+        self.low_level = min(TAIL, self.low_level + self.gamma * (TAIL - int(below)))
+        self.high_level = min(TAIL, self.high_level + self.gamma * (TAIL - int(above)))
 
     def add(self, forecast_wait_s: float, actual_wait_s: float) -> None:
         """A job started `actual_wait_s` after a forecast that said `forecast_wait_s` (its P50)."""
         scale = max(forecast_wait_s, self.round_s)
         self.values.append((actual_wait_s - forecast_wait_s) / scale)
+        self.ordered = None
 
     def bounds(self) -> tuple[float, float] | None:
-        """The split-conformal lower and upper bounds of the residuals (module docstring); None until
-        `min_count` jobs are in, or while the bounds do not exist yet."""
+        """The split-conformal lower and upper bounds of the residuals (module docstring), the upper one
+        over the censored residuals too, each at its least; None until `min_count` jobs are in, or while
+        the bounds do not exist yet."""
         n = len(self.values)
         if n < self.min_count:
             return None
@@ -68,10 +99,13 @@ class Residuals:
             return None
         # the adapted levels; at or below 0 a tail has no bound (the past's residuals are not enough)
         low_rank = min(math.floor((n + 1) * self.low_level), n)
-        high_rank = max(math.ceil((n + 1) * (1 - self.high_level)), 1)
-        xs = sorted(self.values)
+        if self.ordered is None:
+            self.ordered = sorted(self.values), sorted([*self.values, *self.censored])
+        xs, ys = self.ordered
         low = xs[low_rank - 1] if low_rank >= 1 else -math.inf
-        high = xs[high_rank - 1] if high_rank <= n else math.inf
+        m = len(ys)
+        high_rank = max(math.ceil((m + 1) * (1 - self.high_level)), 1)
+        high = ys[high_rank - 1] if high_rank <= m else math.inf
         return low, high
 
     def widen(self, forecast: JobForecast) -> JobForecast:
@@ -101,6 +135,8 @@ class StartTracker:
     residuals: Residuals
     # job -> (made, raw start P50, shown start P10, shown start P90)
     first: dict[str, tuple[float, float, float | None, float | None]] = field(default_factory=dict)
+    # waiting jobs past their shown P90: a miss above, observed when it became known (`waiting`)
+    overdue: set[str] = field(default_factory=set)
 
     def note(self, forecasts: Mapping[str, JobForecast]) -> None:
         """Keep the first P50 start forecast of every job that has one (the raw futures', not widened),
@@ -114,11 +150,30 @@ class StartTracker:
         """The job's first start was at `at`; a start before its forecast was made is not a start of
         the wait forecast (the job waited for a restart after a preemption): no residual."""
         found = self.first.pop(job_id, None)
+        known = job_id in self.overdue
+        self.overdue.discard(job_id)
         if found is not None and at >= found[0]:
             made, p50, p10, p90 = found
             self.residuals.add(p50 - made, at - made)
-            self.residuals.observe(p10 is not None and at < p10, p90 is not None and at > p90)
+            if not known:  # an overdue job's miss was observed when it became known
+                self.residuals.observe(p10 is not None and at < p10, p90 is not None and at > p90)
+
+    def waiting(self, now: float) -> None:
+        """Every job the tracker holds still waits at `now` (the callers have reported each start up to
+        `now` with `started`): each one past the P90 first shown for it will start above its interval,
+        a miss known now, observed now (module docstring), once; each one past its P50 forecast has a
+        residual of at least (now - P50) / scale, which the upper bound counts (`Residuals.censor`)."""
+        round_s = self.residuals.round_s
+        self.residuals.censor(
+            [(now - p50) / max(p50 - made, round_s) for made, p50, _, _ in self.first.values() if now > p50]
+        )
+        for job_id, (_, _, _, p90) in self.first.items():
+            if p90 is not None and now > p90 and job_id not in self.overdue:
+                self.overdue.add(job_id)
+                self.residuals.observe(False, True)
 
     def forget(self, job_id: str) -> None:
-        """A job that ended without starting (cancelled, failed): no residual."""
+        """A job that ended without starting (cancelled, failed): no residual (a miss above observed
+        while it waited stays observed: it was one for as long as the job waited)."""
         self.first.pop(job_id, None)
+        self.overdue.discard(job_id)

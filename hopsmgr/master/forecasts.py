@@ -236,6 +236,7 @@ class Forecaster:
                 self.tracker.forget(job_id)  # ended (it may have started: the store knows, not needed)
             elif job.first_start is not None:
                 self.tracker.started(job_id, job.first_start)
+        self.tracker.waiting(self.ctl.clock())  # the rest wait: those past their P90 are known misses
 
     async def once(self) -> None:
         ctl = self.ctl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from hopsmgr.forecast.calibrate import GAMMA, Residuals, StartTracker
+from hopsmgr.forecast.calibrate import GAMMA, TAIL, Residuals, StartTracker
 from hopsmgr.forecast.future import JobForecast
 
 
@@ -112,3 +112,95 @@ def test_the_tails_adapt_to_the_misses_so_a_drifting_load_is_still_covered() -> 
 
     assert run(Fraction(0)) > 0.2  # split conformal alone: the drift leaves it behind
     assert run(GAMMA) <= 0.12
+
+
+def test_a_job_waiting_past_its_p90_is_a_miss_above_observed_at_once_and_only_once() -> None:
+    tracker = StartTracker(Residuals(round_s=100.0, min_count=1))
+    levels = lambda: (tracker.residuals.low_level, tracker.residuals.high_level)  # noqa: E731
+    tracker.note({"a": fc(0.0, 400.0, 500.0, 600.0), "b": fc(0.0, 400.0, 500.0, 600.0)})
+    tracker.waiting(600.0)  # at its P90: not past it yet
+    assert levels() == (TAIL, TAIL) and not tracker.overdue
+    tracker.waiting(601.0)
+    # both jobs, once each (not below either: the low level stays at its top)
+    after = (TAIL, TAIL - 2 * GAMMA * (1 - TAIL))
+    assert levels() == after
+    tracker.waiting(5000.0)  # still waiting: not again
+    assert levels() == after
+    tracker.started("a", 9000.0)  # its residual comes at its start, its miss does not come again
+    assert list(tracker.residuals.values) == [17.0] and levels() == after
+    tracker.forget("b")  # ended without starting: its observed miss stays, nothing more
+    assert levels() == after and not tracker.overdue and not tracker.first
+    # a job that starts inside its interval is observed at its start, as before
+    tracker.note({"c": fc(0.0, 400.0, 500.0, 600.0)})
+    shown_p90 = tracker.first["c"][3]
+    assert shown_p90 is not None
+    tracker.waiting(shown_p90 - 1.0)
+    tracker.started("c", shown_p90 - 1.0)
+    assert levels() == (TAIL, after[1] + GAMMA * TAIL)
+
+
+def test_a_tail_narrows_back_to_the_split_conformal_bound_and_no_further() -> None:
+    # A quiet cluster first: jobs forecast to start at once do, inside any interval. The levels stay at
+    # 10%, so the bounds stay the split-conformal ones when the waits come.
+    residuals = Residuals(round_s=100.0)
+    for _ in range(20):
+        residuals.add(0.0, 0.0)
+        residuals.observe(False, False)
+    assert (residuals.low_level, residuals.high_level) == (TAIL, TAIL)
+    for k in range(19):
+        residuals.add(100.0, 100.0 + 100.0 * k)  # residuals 0 .. 18 over 39 values
+    assert residuals.bounds() == (0.0, 15.0)  # the 4th and the 36th smallest (n = 39; 21 zeros)
+    residuals.observe(False, True)  # a miss above widens that side ...
+    assert residuals.high_level == TAIL - GAMMA * (1 - TAIL)
+    for _ in range(100):
+        residuals.observe(False, False)  # ... and starts inside narrow it back to 10%, not past it
+    assert residuals.high_level == TAIL
+
+
+def test_known_misses_of_waiting_jobs_adapt_the_upper_tail_before_they_start() -> None:
+    # A steady queue, then the waits jump to ten times the forecasts (a burst the futures do not see):
+    # the jobs that miss above are the ones still waiting, for hours. Observed at their starts only,
+    # the misses come too late to widen the intervals of the jobs forecast meanwhile; observed as soon
+    # as a job waits past its P90, they widen them in time.
+    def run(early: bool) -> float:
+        rng = random.Random(3)
+        tracker = StartTracker(Residuals(round_s=60.0))
+        starts: dict[str, float] = {}
+        above = 0
+        for k in range(300):
+            now = 100.0 * k
+            for job_id in [j for j in tracker.first if starts[j] <= now]:
+                tracker.started(job_id, starts[job_id])
+            if early:
+                tracker.waiting(now)
+            forecast = 1000.0
+            tracker.note({f"j{k}": fc(now, now + 0.9 * forecast, now + forecast, now + 1.1 * forecast)})
+            p90 = tracker.first[f"j{k}"][3]
+            drift = 9.0 if k >= 100 else 0.0
+            starts[f"j{k}"] = now + forecast * (rng.uniform(0.7, 1.3) + drift)
+            above += k >= 100 and p90 is not None and starts[f"j{k}"] > p90
+        return above / 200
+
+    late, early = run(False), run(True)
+    assert late > 0.4 and early < 0.15, (early, late)
+
+
+def test_jobs_waiting_past_their_p50_count_in_the_upper_bound_at_their_least_residual() -> None:
+    tracker = StartTracker(Residuals(round_s=100.0))
+    for k in range(9):
+        tracker.residuals.add(1000.0, 1000.0 + 100.0 * k)  # residuals 0, 0.1, ..., 0.8
+    assert tracker.residuals.bounds() == (0.0, 0.8)
+    # ten jobs forecast at 0 to start at 1000: still waiting at 6000, each residual is at least 5
+    tracker.note({f"w{k}": fc(0.0, 900.0, 1000.0, None) for k in range(10)})
+    tracker.note({"young": fc(5500.0, 5900.0, 6000.0, 6100.0)})  # not past its P50: not counted
+    tracker.waiting(6000.0)
+    assert sorted(tracker.residuals.censored) == [5.0] * 10
+    low, high = tracker.residuals.bounds() or (0.0, 0.0)
+    assert low == 0.0  # the lower bound is the started jobs' alone
+    assert high == 5.0  # 19 values: the 18th smallest, one of the waiting jobs' least residuals
+    widened = tracker.residuals.widen(fc(10_000.0, 10_900.0, 11_000.0, 11_100.0))
+    assert widened.start_p90 == 11_000.0 + 5.0 * 1000.0
+    tracker.started("w0", 7000.0)  # starts: a residual of 6; the others still wait
+    tracker.waiting(7000.0)
+    assert len(tracker.residuals.censored) == 9 + 1  # "young" is past its P50 now: (7000 - 6000) / 500 = 2
+    assert 2.0 in tracker.residuals.censored and tracker.residuals.values[-1] == 6.0

@@ -315,7 +315,9 @@ def _plan(
     state.deadline = t0 + settings.time_limit_s - min(0.1 * settings.time_limit_s, 0.5)
     ctx = priority_context(snapshot, estimator)
     for view in placeable:
-        state.base_rate[view.id] = _base_rate(view.spec, by_type, servers, estimator, ctx, settings.gain_base)
+        state.base_rate[view.id] = _base_rate(
+            view.spec, by_type, servers, estimator, ctx, settings.effective_gain_base
+        )
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
     if kind == "first":
         state.hold_value = hold_values(state, {v.id: v for v in placeable if v.id in running})

@@ -13,8 +13,8 @@ from typing import Literal
 PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr"]
 PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 SolverMode = Literal["auto", "exact", "classes"]
-GainBase = Literal["smallest", "expected"]
-GAIN_BASES: tuple[str, ...] = ("smallest", "expected")
+GainBase = Literal["auto", "smallest", "expected"]
+GAIN_BASES: tuple[str, ...] = ("auto", "smallest", "expected")
 SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 
 
@@ -40,8 +40,9 @@ class SchedulerSettings:
     # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
     # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its
     # expected run time assumes (then w x G with the srtf_lr priority is the share of the job's
-    # remaining work done per hour: Smith's rule; docs/results.md measures both)
-    gain_base: GainBase = "expected"
+    # remaining work done per hour: Smith's rule); "auto": "expected" with srtf_lr, else "smallest"
+    # (docs/results.md measures both with both priorities)
+    gain_base: GainBase = "auto"
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
@@ -115,6 +116,13 @@ class SchedulerSettings:
             raise bad("backfill_p90_factor", "must be a number >= 1")
         if not isinstance(self.cbc_path, str) or "\0" in self.cbc_path:
             raise bad("cbc_path", "must be a path (a string without NUL)")
+
+    @property
+    def effective_gain_base(self) -> str:
+        """`gain_base` with "auto" resolved: "expected" with the srtf_lr priority, else "smallest"."""
+        if self.gain_base != "auto":
+            return self.gain_base
+        return "expected" if self.priority == "srtf_lr" else "smallest"
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

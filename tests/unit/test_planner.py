@@ -489,9 +489,18 @@ def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) ->
         assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})
 
 
-@pytest.mark.parametrize("gain_base", ["smallest", "expected"])
+@pytest.mark.parametrize(
+    ("priority", "gain_base", "divides_by"),
+    [
+        ("srtf_lr", "smallest", "smallest"),
+        ("srtf_lr", "expected", "expected"),
+        ("srtf_lr", "auto", "expected"),
+        ("latency_ratio", "auto", "smallest"),
+        ("latency_ratio", "expected", "expected"),
+    ],
+)
 def test_gain_base_divides_a_configuration_rate_by_the_rate_the_expected_run_time_assumes(
-    gain_base: str,
+    priority: str, gain_base: str, divides_by: str
 ) -> None:
     # e asks for 1 or 2 GPUs (R_avg 1.5) on one type: its smallest configuration runs at the per-GPU
     # rate p, its expected run time assumes 1.5 p. G = rate / p ("smallest") or rate / (1.5 p).
@@ -501,13 +510,13 @@ def test_gain_base_divides_a_configuration_rate_by_the_rate_the_expected_run_tim
     servers = [srv("a0", 2, 1.0)]
     e = JobView(JobSpec("e", RequirementSet.of([1, 2]), 1e6, 32, restart_s=0.0))
     est = profiled(e)
-    settings_ = SchedulerSettings(solver="exact", priority="srtf_lr", gain_base=gain_base)  # type: ignore[arg-type]
+    settings_ = SchedulerSettings(solver="exact", priority=priority, gain_base=gain_base)  # type: ignore[arg-type]
     plan = plan_round(snapshot(servers, [e]), est, settings_)
     ctx = priority_context(snapshot(servers, [e]), est)
     expected_rate = e.spec.total_samples / expected_run_s(e.spec, ctx)
     per_gpu = est.type_rate(e.spec, "A")
     assert per_gpu is not None and expected_rate == pytest.approx(1.5 * per_gpu)
-    base = expected_rate if gain_base == "expected" else per_gpu
+    base = expected_rate if divides_by == "expected" else per_gpu
     weight = plan.explain["e"].weight
     candidates = {cand.config: cand.value for cand in plan.explain["e"].candidates}
     assert set(candidates) == {str(C(a0=1)), str(C(a0=2))}

@@ -126,8 +126,10 @@ FINISHED = Obj(
         "checkpointed": Bool(description=f"exit code {nodecontract.EXIT_CHECKPOINTED}"),
         "profile": Nullable(Map(Num(), description=f"the runtime's {nodecontract.PROFILE_FILE}")),
         "progress": Nullable(PROGRESS),
-        # a job's output may hold NUL bytes: they are replaced, never a reason to refuse the beat
-        "log_tail": Str(max_len=1 << 16, replace_nul=True),
+        # a job's output may hold NUL bytes: they are replaced, never a reason to refuse the beat. The
+        # agent sends at most 4,000 bytes; 8,192 characters (at most 6 bytes each in JSON) keep any
+        # tail the document allows under the 64-KiB body limit, so a longer one is a 400, not a 413
+        "log_tail": Str(max_len=1 << 13, replace_nul=True),
     },
     required=("attempt", "job", "code"),
     build=FinishedAttempt,

@@ -117,6 +117,20 @@ def test_nul_bytes_in_a_log_tail_are_replaced_not_refused() -> None:
     assert beat.finished[0].log_tail == "x\ufffdy"
 
 
+def test_a_log_tail_the_schema_allows_fits_the_body_limit_and_a_longer_one_is_refused() -> None:
+    from hopsmgr.master.api import MAX_BODY
+
+    def beat(tail: str) -> dict[str, object]:
+        return {**BASE, "finished": [{"attempt": "a", "job": "j", "code": 1, "log_tail": tail}]}
+
+    longest = "\x01" * (1 << 13)  # the costliest character in JSON: 6 bytes
+    assert parse_heartbeat(beat(longest)).finished[0].log_tail == longest
+    assert len(json.dumps(beat(longest)).encode()) < MAX_BODY  # a 400 for one more, never a 413
+    with pytest.raises(WireError) as info:
+        parse_heartbeat(beat("x" * ((1 << 13) + 1)))
+    assert info.value.field == "finished[0].log_tail"
+
+
 def test_new_tokens_never_start_like_a_command_line_option() -> None:
     from hopsmgr.master.tokens import new_token
 

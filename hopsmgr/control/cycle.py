@@ -16,7 +16,6 @@ from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import ContinuePlan, PlanRequest, UsageRecord
 from hopsmgr.control.events import PlanReady, RoundTick
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import JobSpec
 from hopsmgr.core.plan import Plan
 
 if TYPE_CHECKING:
@@ -39,22 +38,14 @@ def request_plan(m: SchedulerMachine, kind: str) -> None:
     if kind == "first" and state.usage:
         m.record(UsageRecord(tuple((u.tenant, u.used, u.at) for u in state.usage.values())))
     snapshot = views.build_snapshot(state, now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h)
-    to_profile: list[JobSpec] = []
+    to_profile = []
     starving = set()
-    budget = views.profiling_budget(state, s.profiling_share)
     if s.profiling:
         if m.profiled_on != state.gpu_types:
             m.profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
         # at 10,000 queued jobs asking the estimator about each one was most of a plan request:
-        # a job profiled on every GPU type leaves `unprofiled` (profiles are kept for its life).
-        # The planner profiles the oldest first, whole jobs of at least one one-GPU run each, within
-        # the budget, and at least one starved job a round: it is offered the oldest 2 x budget + 1
-        # (as many again for jobs that get no run, profiled on every type with an idle GPU), not a
-        # backlog of thousands it could not start this round anyway.
-        offer = 2 * budget + 1
+        # a job profiled on every GPU type leaves `unprofiled` (profiles are kept for its life)
         for job_id in list(state.unprofiled):
-            if len(to_profile) >= offer:
-                break
             job = state.jobs[job_id]
             if job.spec.after and state.waits_for(job):  # --after: not profiled before they end
                 continue
@@ -81,7 +72,7 @@ def request_plan(m: SchedulerMachine, kind: str) -> None:
             snapshot,
             tuple(to_profile),
             frozenset(starving),
-            budget,
+            views.profiling_budget(state, s.profiling_share),
             s.scheduler.min_attempt_s,
             s.scheduler.round_seconds,
         )

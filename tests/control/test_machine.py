@@ -99,19 +99,6 @@ def test_profiling_budget_is_a_quarter_of_the_cluster() -> None:
     h.close()
 
 
-def test_a_plan_request_offers_the_oldest_unprofiled_jobs_the_budget_could_start() -> None:
-    h = Harness(auto_plan=False)
-    for k in range(12):
-        h.feed(JobSubmitted(h.stimulus(), spec(f"j{k:02d}", at=float(k))))
-    h.feed(RoundTick(h.stimulus(), "first"))
-    (request,) = h.of(PlanRequest)
-    # a budget of 2 GPUs (a quarter of 10): the planner can profile at most two jobs now; it is
-    # offered the oldest 2 x 2 + 1, not the whole backlog
-    assert request.profiling_budget == 2
-    assert [j.id for j in request.to_profile] == [f"j{k:02d}" for k in range(5)]
-    h.close()
-
-
 def test_completion_frees_the_gpus_and_records_the_run(harness: Harness) -> None:
     (launch,) = profiled(harness, "j1", (4,))
     harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))

@@ -16,7 +16,8 @@ the last jobs' residuals say), so the two tails' levels adapt to what happened (
 inference, Gibbs and Candes, NeurIPS 2021): when a job starts, each tail's level moves by
 `gamma * (0.1 - miss)`, `miss` 1 if the start fell outside that side of the interval first shown for
 the job, else 0; a side that misses more than 10% of the time widens until it does not, and one that
-misses less narrows back, but never past the split-conformal bound: a level never rises above 10%.
+misses less narrows back, but never past the split-conformal bound: a level never rises above 10%,
+nor falls below FLOOR (-1/4: an open tail closes again after at most 50 starts in their intervals).
 (Without that ceiling the first jobs of a quiet cluster, which start at once and inside any interval,
 raised the levels to 0.2-0.26 within 30 jobs in bench/forecast.py's carried load, narrowing the
 intervals to the residuals' 74th-80th percentiles before the first waits; the misses that followed
@@ -55,6 +56,12 @@ MIN_COUNT = 9  # the fewest residuals for which both conformal bounds below are 
 TAIL = Fraction(1, 10)  # each bound's miscoverage (exact: ranks must not round up): 80% in all
 KEEP = 500
 GAMMA = Fraction(1, 20)  # how fast a tail's level follows its misses (adaptive conformal inference)
+# The lowest a level goes. A level at or below 0 shows an open tail, which cannot miss, so with misses
+# learnt at once a level stays above -GAMMA; misses learnt late (thousands of waiting jobs found past
+# their P90 at once) would drive it so far below 0 that the tail stayed open for tens of thousands of
+# starts. At -1/4 an open tail closes again after at most 50 starts (each in-interval start adds
+# GAMMA x TAIL = 0.005), and a drift that goes on keeps it open (tests/forecast/test_calibrate.py).
+FLOOR = Fraction(-1, 4)
 
 
 @dataclass(slots=True)
@@ -76,10 +83,11 @@ class Residuals:
         self.censored = list(least)
         self.ordered = None
 
-    def observe(self, below: bool, above: bool) -> None:
-        """A job started below (`below`) or above (`above`) the interval first shown for it, or in it."""
-        self.low_level = min(TAIL, self.low_level + self.gamma * (TAIL - int(below)))
-        self.high_level = min(TAIL, self.high_level + self.gamma * (TAIL - int(above)))
+    def observe(self, below: bool, above: bool, count: int = 1) -> None:
+        """`count` jobs started below (`below`) or above (`above`) the interval first shown for them, or
+        in it: each level moves as `count` single observations would, within [FLOOR, TAIL]."""
+        self.low_level = _within(self.low_level + self.gamma * count * (TAIL - int(below)))
+        self.high_level = _within(self.high_level + self.gamma * count * (TAIL - int(above)))
 
     def add(self, forecast_wait_s: float, actual_wait_s: float) -> None:
         """A job started `actual_wait_s` after a forecast that said `forecast_wait_s` (its P50)."""
@@ -167,13 +175,21 @@ class StartTracker:
         self.residuals.censor(
             [(now - p50) / max(p50 - made, round_s) for made, p50, _, _ in self.first.values() if now > p50]
         )
-        for job_id, (_, _, _, p90) in self.first.items():
-            if p90 is not None and now > p90 and job_id not in self.overdue:
-                self.overdue.add(job_id)
-                self.residuals.observe(False, True)
+        known = [
+            job_id
+            for job_id, (_, _, _, p90) in self.first.items()
+            if p90 is not None and now > p90 and job_id not in self.overdue
+        ]
+        if known:
+            self.overdue.update(known)
+            self.residuals.observe(False, True, count=len(known))
 
     def forget(self, job_id: str) -> None:
         """A job that ended without starting (cancelled, failed): no residual (a miss above observed
         while it waited stays observed: it was one for as long as the job waited)."""
         self.first.pop(job_id, None)
         self.overdue.discard(job_id)
+
+
+def _within(level: Fraction) -> Fraction:
+    return max(FLOOR, min(TAIL, level))

@@ -5,6 +5,7 @@ Read-only: built from the store rows and the controller's in-memory records and 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hopsmgr.control.snapshot import waited_s
@@ -13,7 +14,7 @@ from hopsmgr.core import fairshare
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobView
 from hopsmgr.core.planner import Plan, context_of
-from hopsmgr.core.priority import PriorityContext, estimated_wait_s, latency_ratio, raqlr
+from hopsmgr.core.priority import PriorityContext, estimated_wait_s, expected_run_s, raqlr
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError
 from hopsmgr.master.state import NodeRecord, calibration_json
@@ -61,8 +62,9 @@ def job_summary(
         # the latency ratio itself (wait / expected run time), not the priority it enters: the kinds
         # other than latency_ratio, the projection over the plan's horizon and fair share all differ
         ctx = ctx or wait_context(ctl)
-        waited = waited_s(job, ctl.machine.state, ctl.clock())
-        ratio = latency_ratio(JobView(job.spec, done_samples=job.done_samples, waited_s=waited), ctx)
+        age = expected_run_s(job.spec, ctx)
+        if math.isfinite(age) and age > 0:  # else its run time is not known yet: null
+            ratio = waited_s(job, ctl.machine.state, ctl.clock()) / age
     if job is not None and job.state == JobState.QUEUED:
         position = ctl.positions.get(row["id"])
         value = current_raqlr(ctl)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from hopsmgr.forecast.calibrate import GAMMA, TAIL, Residuals, StartTracker
+from hopsmgr.forecast.calibrate import FLOOR, GAMMA, TAIL, Residuals, StartTracker
 from hopsmgr.forecast.future import JobForecast
 
 
@@ -204,3 +204,30 @@ def test_jobs_waiting_past_their_p50_count_in_the_upper_bound_at_their_least_res
     tracker.waiting(7000.0)
     assert len(tracker.residuals.censored) == 9 + 1  # "young" is past its P50 now: (7000 - 6000) / 500 = 2
     assert 2.0 in tracker.residuals.censored and tracker.residuals.values[-1] == 6.0
+
+
+def test_thousands_of_known_misses_at_once_open_the_tail_for_a_bounded_time() -> None:
+    # 7,500 waiting jobs found past their P90 in one call: one step of 7,500 observations, the upper
+    # level held at FLOOR (not -335), so 50 starts in their intervals close the tail again
+    tracker = StartTracker(Residuals(round_s=60.0))
+    tracker.note({f"w{k}": fc(0.0, 90.0, 100.0, 110.0) for k in range(7500)})
+    tracker.waiting(1000.0)
+    assert tracker.residuals.high_level == FLOOR
+    assert tracker.residuals.low_level == TAIL
+    tracker.waiting(2000.0)  # known once: no second observation
+    assert tracker.residuals.high_level == FLOOR
+    for _ in range(49):
+        tracker.residuals.observe(False, False)
+    assert tracker.residuals.high_level < 0
+    tracker.residuals.observe(False, False)
+    assert tracker.residuals.high_level == 0
+    tracker.residuals.observe(False, False)
+    assert tracker.residuals.high_level > 0
+
+
+def test_a_bulk_observation_is_the_same_as_single_ones() -> None:
+    one, bulk = Residuals(round_s=60.0), Residuals(round_s=60.0)
+    for _ in range(7):
+        one.observe(False, True)
+    bulk.observe(False, True, count=7)
+    assert (one.low_level, one.high_level) == (bulk.low_level, bulk.high_level)

@@ -22,12 +22,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import ssl
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,29 @@ from hopsmgr_agent.probe import ProbeSink
 
 log = structlog.get_logger("hopsmgr.agent")
 LOG_TAIL_BYTES = 4000
+# JSON bytes of finished attempts per beat: the master takes bodies of at most 64 KiB, and a tail of
+# 4,000 bytes can take 24,000 in JSON (control characters and non-ASCII as \uXXXX), so eight ended
+# attempts at once could exceed it, and a beat refused with 413 would be sent again and again. Those
+# over the budget wait for the next beat (they are reported until the master acknowledges them).
+FINISHED_BUDGET = 40 * 1024
 RETENTION_S = 7 * 24 * 3600.0  # finished attempts (and their logs) are kept this long on the node
+
+
+def within_budget(
+    finished: Sequence[FinishedAttempt], budget: int = FINISHED_BUDGET
+) -> tuple[FinishedAttempt, ...]:
+    """The first of `finished` whose JSON fits `budget` bytes (at least one: a single one always fits
+    the master's limit); the others are reported in later beats."""
+    kept: list[FinishedAttempt] = []
+    used = 0
+    for attempt in finished:
+        size = len(json.dumps(asdict(attempt)))
+        if kept and used + size > budget:
+            log.info("finished_deferred", reported=len(kept), deferred=len(finished) - len(kept))
+            break
+        kept.append(attempt)
+        used += size
+    return tuple(kept)
 
 
 class Agent:
@@ -150,7 +174,7 @@ class Agent:
             epoch_seen=self.epoch,
             workdir=self.config.workdir,
             running=tuple(running),
-            finished=tuple(finished),
+            finished=within_budget(finished),
             **self.devices(),
         )
 

@@ -158,3 +158,41 @@ def test_agent_command_without_nvml_exits_with_the_reason(
     assert main(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert f'{cfg}: devices = "nvml"' in err and "nvidia-ml-py" in err and 'devices = "emulated"' in err
+
+
+def test_ended_attempts_with_long_escaped_logs_go_out_in_beats_the_master_accepts(tmp_path: Path) -> None:
+    # Twelve attempts end at once, each printing 5,000 control characters (6 bytes each in JSON): in
+    # one beat they would be ~290 KB against the master's 64 KiB. The agent reports as many as fit
+    # and the rest in the next beats, until the master has acknowledged them all.
+    import asyncio
+    import json
+    import sys
+
+    from hopsmgr.master.api import MAX_BODY
+    from hopsmgr.node import ops
+    from hopsmgr.protocol import HeartbeatReply
+    from tests.integration.cluster import wait_for
+
+    agent = Agent(_config(tmp_path, emulated={"gpu_type": "v100", "count": 4, "speed": 1.0}))
+    script = "import sys; sys.stdout.write('\\x01' * 5000); sys.stdout.flush()"
+    for k in range(12):
+        ops.launch(tmp_path, f"a-{k:06d}", f"j-{k:06d}", 1, [sys.executable, "-c", script])
+
+    def ended() -> bool:
+        return all(a["state"] != "running" for a in ops.status(tmp_path)["attempts"])
+
+    wait_for(ended, 60, "the attempts to end")
+    reported: list[str] = []
+    for _ in range(12):
+        beat = agent.report()
+        body = json.dumps(beat.to_json())
+        assert len(body.encode()) < MAX_BODY
+        parsed = through_json(beat, parse_heartbeat)
+        if not parsed.finished:
+            break
+        assert all(len(f.log_tail) == 4000 for f in parsed.finished)  # the agent's tail of the log
+        reported += [f.attempt for f in parsed.finished]
+        ack = tuple(f.attempt for f in parsed.finished)
+        asyncio.run(agent.apply(HeartbeatReply(epoch=1, interval_s=1.0, ack=ack)))
+    assert sorted(reported) == [f"a-{k:06d}" for k in range(12)]
+    assert len(reported) == len(set(reported))

@@ -482,49 +482,37 @@ def _keep_moves_that_free_nothing(
         for sid, g in config.parts:
             used[sid] = used.get(sid, 0) + g
     capped = {name for name, q in state.snapshot.tenants.items() if q.cap_gpus is not None}
-    while _keep_pass(state, jobs, free, running, assignment, used, capped):
-        pass
 
-
-def _keep_pass(
-    state: RoundState,
-    jobs: Sequence[JobView],
-    free: Mapping[ServerId, int],
-    running: Mapping[JobId, Config],
-    assignment: dict[JobId, Config],
-    used: dict[ServerId, int],
-    capped: set[str],
-) -> bool:
-    """One pass of `_keep_moves_that_free_nothing`; True if it kept a job where it runs."""
-    kept = False
-    for view in jobs:
-        current = running.get(view.id)
-        new = assignment.get(view.id)
-        if current is None or new is None or new == current:
-            continue
-        if view.spec.tenant in capped and current.gpus > new.gpus:
-            continue  # (a tenant cap row counted the new GPU count)
-        room = {sid: free.get(sid, 0) - used.get(sid, 0) for sid, _ in current.parts}
-        for sid, g in new.parts:
-            if sid in room:
-                room[sid] += g
-        if any(room[sid] < g for sid, g in current.parts):
-            continue  # its GPUs are used by the plan: the move makes room
-        keep_rate = state.estimator.config_rate(view.spec, current, state.servers) or 0.0
-        move_rate = state.estimator.config_rate(view.spec, new, state.servers) or 0.0
-        if keep_rate <= 0:
-            continue
-        small = new.gpus == current.gpus and move_rate < keep_rate * (1.0 + state.settings.move_min_gain)
-        worth_less = job_value(state, view, move_rate, True) <= job_value(state, view, keep_rate, False)
-        if not (small or worth_less):
-            continue
-        for sid, g in new.parts:
-            used[sid] -= g
-        for sid, g in current.parts:
-            used[sid] = used.get(sid, 0) + g
-        assignment[view.id] = current
-        kept = True
-    return kept
+    kept = True
+    while kept:
+        kept = False
+        for view in jobs:
+            current = running.get(view.id)
+            new = assignment.get(view.id)
+            if current is None or new is None or new == current:
+                continue
+            if view.spec.tenant in capped and current.gpus > new.gpus:
+                continue  # (a tenant cap row counted the new GPU count)
+            room = {sid: free.get(sid, 0) - used.get(sid, 0) for sid, _ in current.parts}
+            for sid, g in new.parts:
+                if sid in room:
+                    room[sid] += g
+            if any(room[sid] < g for sid, g in current.parts):
+                continue  # its GPUs are used by the plan: the move makes room
+            keep_rate = state.estimator.config_rate(view.spec, current, state.servers) or 0.0
+            move_rate = state.estimator.config_rate(view.spec, new, state.servers) or 0.0
+            if keep_rate <= 0:
+                continue
+            small = new.gpus == current.gpus and move_rate < keep_rate * (1.0 + state.settings.move_min_gain)
+            worth_less = job_value(state, view, move_rate, True) <= job_value(state, view, keep_rate, False)
+            if not (small or worth_less):
+                continue
+            for sid, g in new.parts:
+                used[sid] -= g
+            for sid, g in current.parts:
+                used[sid] = used.get(sid, 0) + g
+            assignment[view.id] = current
+            kept = True
 
 
 def _note(

@@ -155,8 +155,9 @@ class PlanRequest(Command):
 
 @dataclass(frozen=True, slots=True)
 class ContinuePlan(Command):
-    """Part of a plan is applied, the rest waits (ControlSettings.plan_slice): send PlanContinue once
-    the driver has served whatever else waits (the master: its next turn of the event loop)."""
+    """Part of a plan is applied, or of a plan request prepared, and the rest waits
+    (ControlSettings.plan_slice, request_slice): send PlanContinue once the driver has served whatever
+    else waits (the master: its next turn of the event loop)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,14 +1,16 @@
 """The machine's plan cycle: a round tick asks for a plan, the plan comes back and is applied.
 
-`on_round_tick` asks for a plan (`request_plan`: charges the tenants, builds the planner's snapshot,
-chooses which jobs want profiling) unless one is being made or applied, in which case a first plan is
-asked for as soon as that one is done. `on_plan_ready` turns the plan into ordered actions
-(hopsmgr.control.acting) and applies them, at once or in slices (`ControlSettings.plan_slice`: a
-ContinuePlan command, answered with PlanContinue, between two slices).
+`on_round_tick` asks for a plan (`request_plan`: charges the tenants, chooses which jobs want
+profiling, builds the planner's snapshot) unless one is being prepared, made or applied, in which case a
+first plan is asked for as soon as that one is done. `on_plan_ready` turns the plan into ordered
+actions (hopsmgr.control.acting) and applies them. Both in one step or in slices
+(`ControlSettings.request_slice`, `plan_slice`: a ContinuePlan command, answered with PlanContinue,
+between two slices), so that the master serves heartbeats in between at 10,000 jobs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hopsmgr.control import acting, usage
@@ -16,6 +18,7 @@ from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import ContinuePlan, PlanRequest, UsageRecord
 from hopsmgr.control.events import PlanReady, RoundTick
 from hopsmgr.core.lifecycle import JobState
+from hopsmgr.core.model import JobSpec
 from hopsmgr.core.plan import Plan
 
 if TYPE_CHECKING:
@@ -24,42 +27,79 @@ if TYPE_CHECKING:
 
 def on_round_tick(m: SchedulerMachine, event: RoundTick) -> None:
     m.plan_soon = False
-    if m.inflight is not None or m.applying is not None:
+    if m.inflight is not None or m.applying is not None or m.preparing is not None:
         m.first_due = m.first_due or event.kind == "first"
         return
     request_plan(m, event.kind)
 
 
+@dataclass(slots=True)
+class RequestUnderWay:
+    """A plan request being prepared in steps (ControlSettings.request_slice): the tenants are charged,
+    the jobs that want profiling gathered `request_slice` at a time, then the snapshot built."""
+
+    kind: str
+    charge_over: list[str]  # the open attempts as the request started
+    pass_over: list[str]  # state.unprofiled as the request started
+    charged: int = 0  # attempts of charge_over charged so far; -1 once all are
+    at: int = 0
+    to_profile: list[JobSpec] = field(default_factory=list)
+    starving: list[str] = field(default_factory=list)
+
+
 def request_plan(m: SchedulerMachine, kind: str) -> None:
+    state = m.state
+    if m.profiled_on != state.gpu_types:
+        m.profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
+    pass_over = list(state.unprofiled) if m.settings.profiling else []
+    m.preparing = RequestUnderWay(kind, list(state.attempts), pass_over)
+    continue_request(m)
+
+
+# [ours] Charging an attempt costs about as much as ten jobs of the profiling pass.
+CHARGES_PER_JOB_SLICE = 0.1
+
+
+def continue_request(m: SchedulerMachine) -> None:
+    """The next step of the request under way: a slice of the charges, then of the profiling pass,
+    then the snapshot and the PlanRequest. Between two steps the driver serves other events: an attempt
+    that ended meanwhile was charged at its end, and a job gathered in an earlier step may have ended
+    (the plan's actions are checked against the state when they are applied)."""
+    work = m.preparing
+    if work is None:
+        return
+    sliced = m.settings.request_slice
+    if work.charged >= 0:
+        step = max(1, int(sliced * CHARGES_PER_JOB_SLICE)) if sliced else len(work.charge_over)
+        chunk = work.charge_over[work.charged : work.charged + step]
+        work.charged += len(chunk)
+        usage.charge_all(m, m.now, chunk)
+        if sliced and work.charged < len(work.charge_over):
+            m.emit(ContinuePlan(m.stimulus))
+            return
+        work.charged = -1  # all charged
+        state = m.state
+        if work.kind == "first" and state.usage:
+            m.record(UsageRecord(tuple((u.tenant, u.used, u.at) for u in state.usage.values())))
+    if work.at < len(work.pass_over):
+        step = sliced or len(work.pass_over)
+        chunk = work.pass_over[work.at : work.at + step]
+        work.at += len(chunk)
+        _wanting_profiles(m, chunk, work.to_profile, work.starving)
+        if sliced and work.at < len(work.pass_over):
+            m.emit(ContinuePlan(m.stimulus))
+            return
+    m.preparing = None
+    _emit_request(m, work)
+
+
+def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
     s = m.settings
     state = m.state
-    now = m.now
-    usage.charge_all(m, now)
-    if kind == "first" and state.usage:
-        m.record(UsageRecord(tuple((u.tenant, u.used, u.at) for u in state.usage.values())))
-    snapshot = views.build_snapshot(state, now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h)
-    to_profile = []
-    starving = set()
-    if s.profiling:
-        if m.profiled_on != state.gpu_types:
-            m.profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
-        # at 10,000 queued jobs asking the estimator about each one was most of a plan request:
-        # a job profiled on every GPU type leaves `unprofiled` (profiles are kept for its life)
-        for job_id in list(state.unprofiled):
-            job = state.jobs[job_id]
-            if job.spec.after and state.waits_for(job):  # --after: not profiled before they end
-                continue
-            if job.state == JobState.PENDING or (job.state == JobState.QUEUED and not job.profiling):
-                if job.state == JobState.QUEUED and state.gpu_types <= m.estimator.profiled_types(job.id):
-                    del state.unprofiled[job_id]
-                    continue
-                to_profile.append(job.spec)
-                waited = now - job.spec.submit_time >= s.scheduler.round_seconds
-                if waited and (job.state == JobState.PENDING or not m.estimator.profiled_types(job.id)):
-                    starving.add(job.id)
-    if kind == "first":
+    snapshot = views.build_snapshot(state, m.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h)
+    if work.kind == "first":
         waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))
-        if not (snapshot.jobs or to_profile) or not (m.changed or waiting):
+        if not (snapshot.jobs or work.to_profile) or not (m.changed or waiting):
             return  # level-triggered: nothing waits and nothing changed, the plan would be the same
         m.changed = False
     m.request_seq += 1
@@ -68,15 +108,48 @@ def request_plan(m: SchedulerMachine, kind: str) -> None:
         PlanRequest(
             m.stimulus,
             m.request_seq,
-            "first" if kind == "first" else "fragment",
+            "first" if work.kind == "first" else "fragment",
             snapshot,
-            tuple(to_profile),
-            frozenset(starving),
+            tuple(work.to_profile),
+            frozenset(work.starving),
             views.profiling_budget(state, s.profiling_share),
             s.scheduler.min_attempt_s,
             s.scheduler.round_seconds,
         )
     )
+
+
+def _wanting_profiles(
+    m: SchedulerMachine, job_ids: list[str], to_profile: list[JobSpec], starving: list[str]
+) -> None:
+    """Add to `to_profile` the jobs of `job_ids` that want profiling runs (in order), and to `starving`
+    those that waited a round with no profile at all. A job profiled on every GPU type leaves
+    `state.unprofiled` (at 10,000 queued jobs asking the estimator about each one was most of a plan
+    request)."""
+    state = m.state
+    jobs, unprofiled, gpu_types = state.jobs, state.unprofiled, state.gpu_types
+    profiled_types = m.estimator.profiled_types
+    now, round_s = m.now, m.settings.scheduler.round_seconds
+    pending, queued = JobState.PENDING, JobState.QUEUED
+    for job_id in job_ids:
+        job = jobs.get(job_id)
+        if job is None:  # ended since the pass started
+            continue
+        spec = job.spec
+        if spec.after and state.waits_for(job):  # --after: not profiled before they end
+            continue
+        if job.state == pending:
+            to_profile.append(spec)
+            if now - spec.submit_time >= round_s:
+                starving.append(job_id)
+        elif job.state == queued and not job.profiling:
+            types = profiled_types(job_id)
+            if gpu_types <= types:
+                unprofiled.pop(job_id, None)
+                continue
+            to_profile.append(spec)
+            if not types and now - spec.submit_time >= round_s:
+                starving.append(job_id)
 
 
 def on_plan_ready(m: SchedulerMachine, event: PlanReady) -> None:

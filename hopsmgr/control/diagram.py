@@ -25,7 +25,7 @@ EMITS: dict[type[e.Event], tuple[type[c.Command], ...]] = {
     e.NodeCommandFailed: (),
     e.NodeDrained: (c.Reply, c.PlanSoon),
     e.HealthTick: _ENDS,
-    e.RoundTick: (c.Persist, c.PlanRequest),  # Persist: the tenants' fair-share use
+    e.RoundTick: (c.Persist, c.PlanRequest, c.ContinuePlan),  # Persist: the tenants' fair-share use
     e.PlanReady: (*_ENDS, c.CheckpointAndStop, c.PlanRequest, c.ContinuePlan),
     e.PlanContinue: (*_ENDS, c.CheckpointAndStop, c.PlanRequest, c.ContinuePlan),
     e.StateRestored: (c.Persist,),

@@ -180,4 +180,5 @@ class PlanReady(Event):
 
 @dataclass(frozen=True, slots=True)
 class PlanContinue(Event):
-    """Apply the next slice of the plan under way (the answer to a ContinuePlan command)."""
+    """Take the next step of the plan request being prepared or of the plan being applied (the answer
+    to a ContinuePlan command)."""

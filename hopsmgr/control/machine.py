@@ -77,6 +77,9 @@ class ControlSettings:
     # PlanContinue); None: at once. The master slices, so that a plan of a thousand launches does not
     # hold up heartbeats; the simulator applies at once (nothing can happen in between there)
     plan_slice: int | None = None
+    # prepare a plan request in steps of this many jobs of the profiling pass, other events handled in
+    # between (ContinuePlan / PlanContinue, as plan_slice); None: in one step (the simulator)
+    request_slice: int | None = None
 
 
 IDLE_RECHECK_S = 1.0
@@ -101,6 +104,7 @@ class SchedulerMachine:
         self.request_seq = 0
         self.inflight: int | None = None  # the plan request not answered yet
         self.applying: acting.PlanUnderWay | None = None  # a plan applied in slices, not finished
+        self.preparing: cycle.RequestUnderWay | None = None  # a plan request prepared in steps
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
         # the GPU types for which state.unprofiled was last trimmed (a new type: every job is again)
@@ -491,4 +495,4 @@ class SchedulerMachine:
         cycle.on_plan_ready(self, event)
 
     def _plan_continue(self, event: PlanContinue | None) -> None:
-        cycle.apply_next_slice(self)
+        (cycle.apply_next_slice if self.preparing is None else cycle.continue_request)(self)

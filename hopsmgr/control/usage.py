@@ -7,7 +7,7 @@ decayed total; `current_usage` reads it at `now` without changing it (for snapsh
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from hopsmgr.core import fairshare
@@ -51,11 +51,15 @@ def reference_type(m: SchedulerMachine) -> GpuType:
     return fairshare.reference_of_totals(m.state.type_gpus, m.settings.scheduler.fairshare_reference)
 
 
-def charge_all(m: SchedulerMachine, now: float) -> None:
+def charge_all(m: SchedulerMachine, now: float, attempt_ids: Iterable[str] | None = None) -> None:
+    """Charge every open attempt (or those of `attempt_ids` still open) up to `now`."""
     reference = reference_type(m)
     servers = {sid: node.server for sid, node in m.state.nodes.items()}
-    for attempt in list(m.state.attempts.values()):
-        charge_attempt(m, attempt, now, reference, servers)
+    attempts = m.state.attempts
+    for attempt_id in list(attempts) if attempt_ids is None else attempt_ids:
+        attempt = attempts.get(attempt_id)
+        if attempt is not None:  # one that ended was charged up to its end
+            charge_attempt(m, attempt, now, reference, servers)
 
 
 def current_usage(state: ControlState, now: float, half_life_h: float) -> dict[str, float]:

@@ -382,8 +382,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     if isinstance(raw, dict):
         check_protocol(raw)
     ctl = request.app[CTL]
-    reply, written = heartbeats.heartbeat(ctl, parse_heartbeat(raw))
-    await ctl.durable(written)  # acks only once what they acknowledge is on disk
+    reply = await heartbeats.answer(ctl, parse_heartbeat(raw))
     return web.json_response(reply.to_json())
 
 

@@ -66,6 +66,7 @@ from hopsmgr.protocol import Submission
 log = structlog.get_logger("hopsmgr.master")
 CALIBRATION_SYNC_S = 0.1
 PLAN_SLICE = 64  # a plan's actions applied per turn of the event loop (ControlSettings.plan_slice)
+REQUEST_SLICE = 2_000  # jobs of a plan request's profiling pass per turn (ControlSettings.request_slice)
 USAGE_SAMPLES = 144  # a day of samples
 
 __all__ = ["Controller", "Principal", "RequestError", "Submission"]
@@ -139,6 +140,7 @@ class Controller:
             lost_after_s=m.lost_after_s,
             heartbeat_interval_s=m.heartbeat_interval_s,
             plan_slice=PLAN_SLICE,
+            request_slice=REQUEST_SLICE,
         )
         self.machine = SchedulerMachine(
             config.servers, config.tenants, self.control_settings, LoggedEstimator()
@@ -159,6 +161,11 @@ class Controller:
         ] = {}  # job id -> hopsmgr.forecast.future.JobForecast (master/forecasts.py)
         self.wake = asyncio.Event()  # the machine asked for a fragment plan
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
+        self.heartbeat_commit_ms: deque[float] = deque(maxlen=20_000)  # waits of beats that wrote
+        self.heartbeat_commits = 0
+        self.replies_deferred = 0  # acknowledgements and stops left to a later reply (not yet durable)
+        # per node, ended attempts it reported whose ends are not committed yet: attempt -> the write
+        self.unacked_ends: dict[str, dict[str, asyncio.Future[None]]] = {}
         self.heartbeats = 0
         self.tasks: set[asyncio.Task[Any]] = set()
         self.job_seq = 0

@@ -3,16 +3,20 @@
 A heartbeat updates the node's own record (work directory, calibration, device mode), then hands the
 machine a `NodeBeat`, an `AttemptEnded` for every attempt the agent reports finished, and a
 `NodeReported` with what still runs (the machine adopts, follows, resends stops, and ends attempts the
-node no longer runs, and names what the agent must stop). The reply waits until what the heartbeat
-recorded is committed (`Controller.durable`), so an acknowledged end is on disk; a reply that names
-attempts to stop waits for every write before it too. `check_health` is the machine's HealthTick;
-commands that could not reach a node become NodeCommandFailed.
+node no longer runs, and names what the agent must stop). `answer` gives the reply: it acknowledges an
+ended attempt only once its end is committed and names attempts to stop only once every write before
+it is, waiting at most ACK_WAIT_S for the store writer; what is not yet durable by then is left to a
+later reply (the agent reports an ended attempt until it is acknowledged, and the machine names a stop
+in every reply while the node still runs the attempt), so a heartbeat never waits behind a large
+write such as a plan's records. `check_health` is the machine's HealthTick; commands that could not
+reach a node become NodeCommandFailed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from functools import partial
 
 import structlog
@@ -42,8 +46,40 @@ log = structlog.get_logger("hopsmgr.master")
 Written = list[asyncio.Future[None]]
 
 
-def heartbeat(ctl: Controller, beat: Heartbeat) -> tuple[HeartbeatReply, Written]:
-    """The reply, and the writes it must wait for before it is sent (`Controller.durable`)."""
+# How long a reply waits for the commit of what it acknowledges before leaving it to a later reply: the
+# common commit (one to two ms) makes it into this reply, a long queue at the writer does not hold it.
+ACK_WAIT_S = 0.005
+
+
+async def answer(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
+    """Handle `beat`; the reply, with the acknowledgements and stops already durable (see the module)."""
+    reply, ends, stops_after = heartbeat(ctl, beat)
+    waits = {f for f in (*ends.values(), stops_after) if f is not None and not f.done()}
+    if waits:
+        t0 = time.perf_counter()
+        await asyncio.wait(waits, timeout=ACK_WAIT_S)
+        ctl.heartbeat_commit_ms.append((time.perf_counter() - t0) * 1000)
+        ctl.heartbeat_commits += 1
+    for future in (*ends.values(), stops_after):
+        if future is not None and future.done():
+            future.result()  # a write that failed fails this reply (StoreError), as it always did
+    ack = tuple(a for a in reply.ack if _durable(ends.get(a)))
+    stop = reply.stop if _durable(stops_after) else ()
+    ctl.replies_deferred += len(reply.ack) - len(ack) + len(reply.stop) - len(stop)
+    if ack == reply.ack and stop == reply.stop:
+        return reply
+    return replace(reply, ack=ack, stop=stop)
+
+
+def _durable(future: asyncio.Future[None] | None) -> bool:
+    return future is None or future.done()
+
+
+def heartbeat(
+    ctl: Controller, beat: Heartbeat
+) -> tuple[HeartbeatReply, dict[str, asyncio.Future[None] | None], asyncio.Future[None] | None]:
+    """The reply with every acknowledgement and stop, each ended attempt's write its acknowledgement
+    waits for, and the write the stops wait for (None: nothing to wait for)."""
     t0 = time.perf_counter()
     node = ctl.nodes.get(beat.node)
     if node is None:
@@ -61,16 +97,24 @@ def heartbeat(ctl: Controller, beat: Heartbeat) -> tuple[HeartbeatReply, Written
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"
     written: Written = []
-    stop, ack = _handle(ctl, stim, node, beat, changed, first, written)
-    if stop and ctl.last_write is not None and not ctl.last_write.done():
-        written.append(ctl.last_write)  # the decisions to stop them are durable before the node acts
+    stop, ack, ends = _handle(ctl, stim, node, beat, changed, first, written)
+    for future in written:
+        future.add_done_callback(_retrieved)
+    # the decisions to stop them are durable before the node acts
+    stops_after = ctl.last_write if stop and ctl.last_write is not None else None
     ctl.heartbeats += 1
     ctl.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
     calibrate, node.calibrate_requested = node.calibrate_requested, False
     reply = HeartbeatReply(
         ctl.epoch, ctl.settings.heartbeat_interval_s, tuple(ack), stop, calibrate=calibrate
     )
-    return reply, written
+    return reply, ends, stops_after
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A write no reply waited for: its failure is the writer's to log (no 'never retrieved' noise)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _handle(
@@ -81,7 +125,7 @@ def _handle(
     changed: bool,
     first: bool,
     written: Written,
-) -> tuple[tuple[str, ...], list[str]]:
+) -> tuple[tuple[str, ...], list[str], dict[str, asyncio.Future[None] | None]]:
     was = node.health
     beat_event = NodeBeat(stim, node.id, beat.healthy, node.effective_server(), node.usable_gpus)
     ctl.feed(beat_event, written=written)
@@ -90,9 +134,18 @@ def _handle(
     if changed:
         _store(ctl, written, partial(Store.upsert_node, row=node.to_row()))
     ack = []
+    # Ends this node reported before and that are not acknowledged yet: not handled twice, acknowledged
+    # once their write is committed. What the node no longer reports is forgotten.
+    earlier = ctl.unacked_ends.pop(node.id, {})
+    ends: dict[str, asyncio.Future[None] | None] = {}
     for fin in beat.finished:
         ack.append(fin.attempt)
+        if fin.attempt in earlier:
+            ends[fin.attempt] = earlier[fin.attempt]
+            continue
+        before = len(written)
         ctl.feed(_ended(ctl, stim, node.id, fin, written), written=written)
+        ends[fin.attempt] = ctl.last_write if len(written) > before else None
     running = tuple(_run_report(run.attempt, run.progress) for run in beat.running)
     commands = ctl.feed(
         NodeReported(stim, node.id, running, tuple(f.attempt for f in beat.finished), first), written=written
@@ -101,7 +154,10 @@ def _handle(
     for command in commands:
         if isinstance(command, NodeReply):
             stop = command.stop
-    return stop, ack
+    pending = {a: f for a, f in ends.items() if f is not None and not f.done()}
+    if pending:
+        ctl.unacked_ends[node.id] = pending
+    return stop, ack, ends
 
 
 def _store(ctl: Controller, written: Written, *ops: partial[None]) -> None:

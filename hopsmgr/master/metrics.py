@@ -117,5 +117,17 @@ def prometheus_text(ctl: Controller, loop: Any) -> str:
         list(ctl.heartbeat_ms),
         ctl.heartbeats,
     )
+    w.summary(
+        "hopsmgr_heartbeat_commit_wait_ms",
+        "Time a heartbeat's reply waited (at most 5 ms) for the commit of what it acknowledges (ms).",
+        list(ctl.heartbeat_commit_ms),
+        ctl.heartbeat_commits,
+    )
+    w.metric(
+        "hopsmgr_heartbeat_deferred_total",
+        "counter",
+        "Acknowledgements and stops left to a later heartbeat reply: not yet committed after 5 ms.",
+        [({}, ctl.replies_deferred)],
+    )
     w.metric("hopsmgr_epoch", "gauge", "The master's epoch.", [({}, ctl.epoch)])
     return "\n".join(w.lines) + "\n"

@@ -126,7 +126,11 @@ class RoundLoop:
         t0 = time.perf_counter()
         ctl.wake.clear()  # requests from here on wake the next plan (none is lost while this one runs)
         now = ctl.clock()
-        commands = ctl.feed(RoundTick(f"round-{kind}-{now:.3f}", kind))
+        tick = RoundTick(f"round-{kind}-{now:.3f}", kind)
+        commands = ctl.feed(tick)
+        while any(isinstance(c, ContinuePlan) for c in commands):  # the request prepared in steps
+            await asyncio.sleep(0)  # heartbeats and API calls between two steps
+            commands = ctl.feed(PlanContinue(tick.stimulus_id))
         request = next((c for c in commands if isinstance(c, PlanRequest)), None)
         while request is not None:
             ready = await self._answer(request, time.monotonic() + self.deadline_s)
@@ -136,7 +140,7 @@ class RoundLoop:
                 ctl.plans["fragment"] = plan
             commands = ctl.handle(ready)
             launches, stops = self._act(commands)
-            while any(isinstance(c, ContinuePlan) for c in commands):  # applied in slices
+            while any(isinstance(c, ContinuePlan) for c in commands):  # applied (then prepared) in slices
                 await asyncio.sleep(0)  # heartbeats and API calls between two slices
                 commands = ctl.handle(PlanContinue(ready.stimulus_id))
                 more_launches, more_stops = self._act(commands)

@@ -3,7 +3,9 @@ cancelled and complete, and the scheduler's invariants hold at the end (checked 
 
 from __future__ import annotations
 
+import re
 import sys
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -62,3 +64,10 @@ def test_jobs_run_complete_and_cancel_with_the_invariants_held(
     cluster.wait(lambda: not ctl.machine.state.attempts, 30, "every attempt to end")
     detail = cluster.api("GET", f"/api/v1/jobs/{long}")
     assert [a["end_reason"] for a in detail["attempts"] if not a["profiling"]][-1] in ("exited", "cancelled")
+    # the three short jobs' ends came in heartbeats, each acknowledged once its records were committed
+    request = urllib.request.Request(f"{cluster.url}/metrics")
+    request.add_header("Authorization", f"Bearer {cluster.admin}")
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        text = answer.read().decode()
+    waits = re.search(r"^hopsmgr_heartbeat_commit_wait_ms_count (\d+)$", text, re.MULTILINE)
+    assert waits is not None and int(waits.group(1)) >= 3, text

@@ -146,3 +146,45 @@ def test_a_launch_does_not_wait_for_a_stop_that_ended_between_slices() -> None:
     assert big.job_id == "big" and h.machine.state.jobs["big"].state == JobState.LAUNCHING
     assert h.machine.state.jobs["small"].state == JobState.QUEUED
     h.close()
+
+
+def test_a_request_prepared_in_steps_makes_the_same_decisions_as_in_one() -> None:
+    whole = Harness(settings=ControlSettings(plan_slice=2))
+    stepped = Harness(settings=ControlSettings(plan_slice=2, request_slice=1))
+    prepared: list[bool] = []
+    handle = stepped.machine.handle
+
+    def noting(event, now):  # type: ignore[no-untyped-def]
+        out = handle(event, now)
+        prepared.append(isinstance(event, RoundTick) and stepped.machine.preparing is not None)
+        return out
+
+    stepped.machine.handle = noting  # type: ignore[method-assign]
+    at_once, in_steps = busy(whole), busy(stepped)
+    assert any(prepared)  # a round's request was prepared in steps
+    assert decisions(at_once) == decisions(in_steps)
+    assert whole.machine.state.held() == stepped.machine.state.held()
+    whole.close()
+    stepped.close()
+
+
+def test_what_happens_while_a_request_is_prepared_is_respected() -> None:
+    """A job cancelled between two steps of the profiling pass is neither offered for profiling nor
+    planned; a round tick meanwhile is deferred (a first plan right after), not a second request."""
+    h = Harness(settings=ControlSettings(request_slice=1))
+    h.auto_plan, h.auto_continue = False, False
+    for k in range(4):
+        h.feed(JobSubmitted(h.stimulus(), spec(f"j{k}", (1,), samples=1e8, at=h.now)))
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert h.of(ContinuePlan, out) and not h.of(PlanRequest, out)
+    assert h.machine.preparing is not None
+    h.feed(JobCancelled(h.stimulus(), "j2"))
+    assert not h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # deferred, not lost
+    rest: list[Command] = []
+    while h.machine.preparing is not None:
+        rest += h.feed(PlanContinue(h.stimulus()))
+    (request,) = h.of(PlanRequest, rest)
+    assert [j.id for j in request.to_profile] == ["j0", "j1", "j3"]
+    assert "j2" not in {v.id for v in request.snapshot.jobs}
+    assert h.machine.first_due
+    h.close()

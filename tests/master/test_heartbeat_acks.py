@@ -1,0 +1,77 @@
+"""A heartbeat's reply acknowledges an ended attempt only once its end is committed, and does not wait
+behind a busy store writer for it (hopsmgr.master.heartbeats.answer): the acknowledgement comes in a
+later reply, and the end reported again meanwhile is not handled twice."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from hopsmgr.config import ClusterConfig
+from hopsmgr.control.commands import PlanRequest, StartProfiling
+from hopsmgr.control.events import RoundTick
+from hopsmgr.control.planning import compute_plan
+from hopsmgr.core.model import Server
+from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.master import heartbeats
+from hopsmgr.master.controller import Controller, Principal
+from hopsmgr.master.store import Store
+from hopsmgr.policies.base import HopsPolicy
+from hopsmgr.protocol import FinishedAttempt, Heartbeat, parse_submission
+from tests.control.test_drivers import NoExecutor
+
+PROFILE = {"tf_s": 0.01, "tb_s": 0.02, "tu_s": 0.005, "td_s": 0.004, "samples_per_s": 100.0, "iterations": 20}
+
+
+def beat(finished: tuple[FinishedAttempt, ...] = ()) -> Heartbeat:
+    return Heartbeat("n1", "v100", 2, "emulated", "/tmp/hopsmgr-test", finished=finished)
+
+
+def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_busy_writer(
+    tmp_path: Path,
+) -> None:
+    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
+    ctl.open(str(tmp_path / "checkpoints"))
+    sub = parse_submission(
+        {"command": ["python", "train.py"], "gpus": [1], "batch_size": 8, "iterations": 10}
+    )
+
+    async def scenario() -> None:
+        ctl.start_writer()
+        ctl.on_command = lambda c: None
+        await heartbeats.answer(ctl, beat())
+        job = (await ctl.submit(Principal("admin", "default", admin=True), sub))["id"]
+        requests = [c for c in ctl.feed(RoundTick("tick", "first")) if isinstance(c, PlanRequest)]
+        ready = compute_plan(requests[0], HopsPolicy(SchedulerSettings()), ctl.estimator, time.perf_counter)
+        runs = [c for c in ctl.feed(ready) if isinstance(c, StartProfiling)]
+        await ctl.settled()
+        assert len(runs) == 1
+        ended = FinishedAttempt(runs[0].attempt_id, job, 0, profile=dict(PROFILE))
+
+        gate = threading.Event()
+        ctl.store_ops([lambda _: gate.wait(10)])  # the writer is busy with an earlier, long write
+        t0 = time.perf_counter()
+        first = await heartbeats.answer(ctl, beat((ended,)))
+        assert time.perf_counter() - t0 < 1.0  # the reply did not wait for the writer
+        assert first.ack == ()  # not committed yet: not acknowledged
+        again = await heartbeats.answer(ctl, beat((ended,)))  # the agent reports it again
+        assert again.ack == ()
+        assert ctl.replies_deferred == 2
+        gate.set()
+        await ctl.settled()
+        last = await heartbeats.answer(ctl, beat((ended,)))
+        assert last.ack == (runs[0].attempt_id,)
+        assert ctl.unacked_ends == {}  # nothing kept once acknowledged
+        ctl.close_writer()
+
+        row = store.attempts(job)[0]
+        assert row["ended"] is not None and row["exit_code"] == 0
+        assert len(store.profiles([job])) == 1  # the end (and its profile) handled once
+        assert [e["kind"] for e in store.events(job)].count("queued") == 1, store.events(job)
+
+    asyncio.run(scenario())
+    store.close()

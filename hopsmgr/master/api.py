@@ -14,6 +14,7 @@ import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import structlog
@@ -26,7 +27,7 @@ from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
-from hopsmgr.master.store import StoreError
+from hopsmgr.master.store import Row, Store, StoreError
 from hopsmgr.master.whatif import WhatIfs
 from hopsmgr.protocol import (
     ID,
@@ -47,6 +48,7 @@ LOOP = web.AppKey("rounds", RoundLoop)
 CLUSTER_TOKEN = web.AppKey("cluster_token", str)
 FORECASTER = web.AppKey("forecaster", Forecaster)
 WHAT_IFS = web.AppKey("what_ifs", WhatIfs)
+PRINCIPALS = web.AppKey("principals", identity.PrincipalCache)
 _DECIMAL = re.compile(r"-?[0-9]{1,12}")
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -106,7 +108,7 @@ def principal(request: web.Request, *, agent: bool = False) -> Principal:
         if secrets.compare_digest(token.encode(), request.app[CLUSTER_TOKEN].encode()):
             return Principal("agent", "", agent=True)
         raise RequestError(401, "Authorization", "not the cluster token")
-    who = identity.principal_for(request.app[CTL].store, token)
+    who = request.app[PRINCIPALS].lookup(request.app[CTL].store, token)
     if who is None:
         raise RequestError(401, "Authorization", "unknown token")
     return who
@@ -201,12 +203,8 @@ async def list_jobs(request: web.Request) -> web.Response:
             raise RequestError(403, "tenant", f"user {who.user!r} cannot list tenant {tenant[:64]!r}")
         tenant = who.tenant
     ctl = request.app[CTL]
-    rows = ctl.store.jobs(
-        states=states,
-        tenant=tenant,
-        user=user,
-        limit=_int_param(request, "limit", 1000, MAX_LIMIT),
-    )
+    limit = _int_param(request, "limit", 1000, MAX_LIMIT)
+    rows = await ctl.read(lambda store: store.jobs(states=states, tenant=tenant, user=user, limit=limit))
     ctx = views.wait_context(ctl)
     return web.json_response(
         {"jobs": [views.job_summary(ctl, r, ctx, redact=not who.acts_for(r)) for r in rows]}
@@ -215,8 +213,17 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def show_job(request: web.Request) -> web.Response:
     ctl = request.app[CTL]
-    row = ctl.visible(principal(request), job_id(request))
-    return web.json_response(views.job_detail(ctl, row))
+    who, jid = principal(request), job_id(request)
+    row, attempts, events = await ctl.read(partial(_with_history, jid))
+    row = ctl.check_visible(who, jid, row)
+    return web.json_response(views.job_detail(ctl, row, attempts, events))
+
+
+def _with_history(job_id: str, store: Store) -> tuple[Row | None, list[Row], list[Row]]:
+    row = store.job(job_id)
+    if row is None:
+        return None, [], []
+    return row, store.attempts(job_id), store.events(job_id)
 
 
 async def cancel_job(request: web.Request) -> web.Response:
@@ -341,7 +348,9 @@ async def list_tokens(request: web.Request) -> web.Response:
 
 async def revoke_token(request: web.Request) -> web.Response:
     who = principal(request)
-    return web.json_response(identity.revoke_token(request.app[CTL].store, who, _token_id(request)))
+    ctl = request.app[CTL]
+    request.app[PRINCIPALS].clear()
+    return web.json_response(identity.revoke_token(ctl.store, who, _token_id(request)))
 
 
 async def list_users(request: web.Request) -> web.Response:
@@ -367,13 +376,16 @@ async def set_user(request: web.Request) -> web.Response:
     name = _user_name(request)
     req = parse_user_request(await body(request), new=False)
     ctl = request.app[CTL]
+    request.app[PRINCIPALS].clear()
     row = identity.set_user(ctl.store, ctl.config, who, name, req, ctl.clock())
     return web.json_response(identity.user_view(row, ctl.store))
 
 
 async def remove_user(request: web.Request) -> web.Response:
     who = principal(request)
-    return web.json_response(identity.remove_user(request.app[CTL].store, who, _user_name(request)))
+    ctl = request.app[CTL]
+    request.app[PRINCIPALS].clear()
+    return web.json_response(identity.remove_user(ctl.store, who, _user_name(request)))
 
 
 async def heartbeat(request: web.Request) -> web.Response:
@@ -400,6 +412,7 @@ def make_app(ctl: Controller, loop: RoundLoop, cluster_token: str, forecaster: F
     app = web.Application(middlewares=[errors], client_max_size=MAX_BODY)
     app[CTL] = ctl
     app[LOOP] = loop
+    app[PRINCIPALS] = identity.PrincipalCache()
     app[CLUSTER_TOKEN] = cluster_token
     app[FORECASTER] = forecaster
     app[WHAT_IFS] = WhatIfs(ctl, forecaster)

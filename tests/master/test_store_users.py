@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from hopsmgr.master.identity import principal_for
+from hopsmgr.master.identity import PrincipalCache, principal_for
 from hopsmgr.master.store import MIGRATIONS, Store, hash_token
 from tests.master.conftest import Backend
 
@@ -83,4 +83,33 @@ def test_put_user_moves_its_tokens_and_delete_revokes_them(backend: Backend) -> 
     }
     assert store.delete_user("ana") == 1
     assert principal_for(store, "t" * 43) is None and store.users() == []
+    store.close()
+
+
+def test_the_principal_cache_reads_the_store_again_after_its_ttl_and_keeps_no_unknown_token(
+    tmp_path: Path,
+) -> None:
+    """The API's authentication (identity.PrincipalCache): a known token is answered from memory for
+    ttl_s; a change made behind the master's back counts once that has passed; a token the store did
+    not know yet works as soon as it is stored; clear() (the master's own revocations) counts at once."""
+    store = Store(tmp_path / "s.db")
+    store.put_user("ana", "vision", "ana", "user", 1.0)
+    token_id = store.add_token("t" * 43, "ana", "vision", False, 2.0)
+    clock = [0.0]
+    cache = PrincipalCache(ttl_s=2.0, clock=lambda: clock[0])
+    assert cache.lookup(store, "u" * 43) is None
+    store.add_token("u" * 43, "ana", "vision", False, 3.0)
+    assert cache.lookup(store, "u" * 43) is not None  # an unknown token was not kept
+    who = cache.lookup(store, "t" * 43)
+    assert who is not None and who.tenant == "vision"
+    store.put_user("ana", "nlp", "ana", "user", 4.0)  # behind the cache's back
+    clock[0] = 1.9
+    assert cache.lookup(store, "t" * 43) == who  # within the ttl: from memory
+    clock[0] = 2.1
+    again = cache.lookup(store, "t" * 43)
+    assert again is not None and again.tenant == "nlp"
+    store.delete_token(token_id)
+    assert cache.lookup(store, "t" * 43) is not None  # kept, until cleared or expired
+    cache.clear()
+    assert cache.lookup(store, "t" * 43) is None
     store.close()

@@ -132,8 +132,8 @@ class SchedulerMachine:
             NodeCommandFailed: partial(nodes.on_command_failed, self),
             NodeDrained: partial(nodes.on_drained, self),
             HealthTick: partial(nodes.on_health, self),
-            RoundTick: self._round,  # type: ignore[dict-item]
-            PlanReady: self._plan_ready,  # type: ignore[dict-item]
+            RoundTick: partial(cycle.on_round_tick, self),
+            PlanReady: partial(cycle.on_plan_ready, self),
             PlanContinue: self._plan_continue,  # type: ignore[dict-item]
         }
 
@@ -485,14 +485,10 @@ class SchedulerMachine:
 
     # -- plans (hopsmgr.control.cycle) --------------------------------------------------------------------
 
-    def _round(self, event: RoundTick) -> None:
-        cycle.on_round_tick(self, event)
-
-    def _request(self, kind: str) -> None:
-        cycle.request_plan(self, kind)
-
-    def _plan_ready(self, event: PlanReady) -> None:
-        cycle.on_plan_ready(self, event)
+    def drop_plan_cycle(self) -> None:
+        """Forget the plan request or plan under way (a driver's round failed half-way): the next
+        round tick asks for a new one from the state as it is."""
+        self.preparing, self.applying, self.inflight = None, None, None
 
     def _plan_continue(self, event: PlanContinue | None) -> None:
         (cycle.apply_next_slice if self.preparing is None else cycle.continue_request)(self)

@@ -109,6 +109,7 @@ class RoundLoop:
             raise
         except Exception as exc:
             log.exception("round_failed", kind=kind, error=repr(exc))
+            self.ctl.machine.drop_plan_cycle()  # a request or plan left half-way would block all others
             await asyncio.sleep(1.0)
 
     async def health(self) -> None:

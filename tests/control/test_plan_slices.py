@@ -188,3 +188,17 @@ def test_what_happens_while_a_request_is_prepared_is_respected() -> None:
     assert "j2" not in {v.id for v in request.snapshot.jobs}
     assert h.machine.first_due
     h.close()
+
+
+def test_a_request_dropped_half_way_does_not_block_the_next_round() -> None:
+    """The master drops the plan cycle when a round fails (a bug): the next tick asks afresh."""
+    h = Harness(settings=ControlSettings(request_slice=1))
+    h.auto_plan, h.auto_continue = False, False
+    for k in range(3):
+        h.feed(JobSubmitted(h.stimulus(), spec(f"j{k}", (1,), samples=1e8, at=h.now)))
+    assert h.of(ContinuePlan, h.feed(RoundTick(h.stimulus(), "first")))
+    assert not h.of(ContinuePlan, h.feed(RoundTick(h.stimulus(), "first")))  # one under way
+    h.machine.drop_plan_cycle()
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert h.of(ContinuePlan, out) and h.machine.preparing is not None
+    h.close()

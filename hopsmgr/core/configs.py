@@ -6,7 +6,8 @@ For each window job, per GPU type and per requirement R_k, over servers with usa
   each server filled as much as possible, one per starting server, so the space stays O(servers);
   generation for R_k stops once too few servers remain after the start.
 A high-sensitivity job (rho > sigma) gets aggregated configurations only, unless no single server of
-any type can hold its smallest requirement: then it may span servers too (our reading of the paper).
+any type can hold its smallest requirement: then it may span servers too (our reading of the paper);
+and a count larger than every server of a type spans that type's servers [ours].
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def generate(
     if mixed and len(by_type) > 1:
         out += mixed_candidates(job, by_type, free, servers, estimator, counts, seen)
     for type_servers in by_type.values():
+        largest = max((s.gpus for s in type_servers), default=0)
         for gpus in job.requirements:
             if counts is not None and gpus not in counts:
                 continue
@@ -98,7 +100,10 @@ def generate(
                     per_gpu = estimator.per_gpu_rate(job, server, gpus, 1)
                     if per_gpu is not None and per_gpu > 0:
                         out.append(Candidate(_single(server.id, gpus), per_gpu * gpus))
-            if not span:
+            # [ours] a count no server of this type can hold spans its servers even for a
+            # high-sensitivity job: otherwise the type could never run it, however fast it is there
+            # (the program still weighs the estimated cross-server rate against every other option)
+            if not (span or gpus > largest):
                 continue
             for start in range(len(type_servers)):
                 parts = distributed_parts(type_servers, free, start, gpus)

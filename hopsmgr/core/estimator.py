@@ -241,6 +241,12 @@ class Estimator:
         self._type_cache: dict[
             JobId, dict[tuple[GpuType, Calibration | None], tuple[int, float, float | None]]
         ] = {}
+        # [ours] cross-type transfer: per ordered pair of GPU types (from, to), over the jobs ever
+        # profiled on both (an ended job's stay), the sums of log(nominal compute time on `to` / on `from`) and of the same
+        # for the weight update, and their counts (`transfer_rate`)
+        self._pairs: dict[tuple[GpuType, GpuType], list[float]] = {}
+        self._pairs_version = 0
+        self._transfer_cache: dict[JobId, dict[_Shape, tuple[int, Server, int, float, float | None]]] = {}
 
     def add_profile(
         self, job_id: JobId, gpu_type: GpuType, profile: TimeProfile, measured_on: Calibration
@@ -255,9 +261,11 @@ class Estimator:
         if not isinstance(measured_on, Calibration):
             raise ModelError(f"measured_on must be a Calibration, got {measured_on!r}")
         data = _DataClusters.seed(profile)
+        self._count_pairs(job_id, -1.0)
         self._profiles.setdefault(job_id, {})[gpu_type] = _ProfileEntry(
             profile, measured_on, data, data.apply(profile)
         )
+        self._count_pairs(job_id, 1.0)
         for (t, _, _), entry in self._types.get(job_id, {}).items():
             if t == gpu_type:
                 entry.ratio = None
@@ -369,6 +377,74 @@ class Estimator:
             cal.compute_factor / entry.measured_on.compute_factor,
             cal.data_factor / entry.measured_on.data_factor,
         )
+
+    def transfer_rate(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int = 1) -> float | None:
+        """[ours] A prior for a GPU type the job has no profile on (it was placed before its profiling
+        run there, and a running job is not profiled): its profile on another type with the compute
+        and weight-update times scaled by the types' ratios measured on the jobs profiled on both
+        (geometric means; jobs that ended count too), then the formula on this server. None when the job has a profile
+        on this type (`per_gpu_rate` answers), or no profiled type of it has a ratio to this one.
+        The source type is the one whose ratio rests on the most jobs (ties: by name)."""
+        profiles = self._profiles.get(job.id)
+        if not profiles or server.gpu_type in profiles:
+            return None
+        shape = (server.id, gpus_here, n_servers)
+        per_job = self._transfer_cache.get(job.id)
+        hit = None if per_job is None else per_job.get(shape)
+        if (
+            hit is not None
+            and hit[0] == self._pairs_version
+            and (hit[1] is server or hit[1] == server)
+            and hit[2] == job.batch_size
+            and hit[3] == job.params_bytes
+        ):
+            return hit[4]
+        _require_shape(gpus_here, n_servers)
+        best: tuple[float, GpuType] | None = None
+        for source in profiles:
+            counts = self._pairs.get((source, server.gpu_type))
+            if counts is not None and counts[2] > 0.5 and (best is None or (-counts[2], source) < best):
+                best = (-counts[2], source)
+        rate: float | None = None
+        if best is not None:
+            entry = profiles[best[1]]
+            sum_c, sum_u, n_c, n_u = self._pairs[(best[1], server.gpu_type)]
+            k_c = math.exp(sum_c / n_c)
+            k_u = math.exp(sum_u / n_u) if n_u > 0.5 else k_c
+            p = entry.effective
+            scaled = replace(p, tf_s=p.tf_s * k_c, tb_s=p.tb_s * k_c, tu_s=p.tu_s * k_u)
+            moved = _ProfileEntry(scaled, entry.measured_on, entry.data, scaled)
+            rate = self._theory(job.batch_size, job.params_bytes, server, gpus_here, n_servers, moved)
+        self._transfer_cache.setdefault(job.id, {})[shape] = (
+            self._pairs_version,
+            server,
+            job.batch_size,
+            job.params_bytes,
+            rate,
+        )
+        return rate
+
+    def _count_pairs(self, job_id: JobId, sign: float) -> None:
+        """Add (sign 1) or take back (sign -1) a job's profiles' contribution to the type ratios."""
+        profiles = self._profiles.get(job_id)
+        if not profiles or len(profiles) < 2:
+            return
+        nominal = {}
+        for gpu_type, entry in profiles.items():
+            c = entry.measured_on.compute_factor
+            p = entry.profile
+            nominal[gpu_type] = ((p.tf_s + p.tb_s) * c, p.tu_s * c)
+        for source, (comp_s, upd_s) in nominal.items():
+            for target, (comp_t, upd_t) in nominal.items():
+                if source == target or comp_s <= 0 or comp_t <= 0:
+                    continue
+                counts = self._pairs.setdefault((source, target), [0.0, 0.0, 0.0, 0.0])
+                counts[0] += sign * math.log(comp_t / comp_s)
+                counts[2] += sign
+                if upd_s > 0 and upd_t > 0:
+                    counts[1] += sign * math.log(upd_t / upd_s)
+                    counts[3] += sign
+        self._pairs_version += 1
 
     def sensitivity(self, job: JobSpec, server: Server, peer: Server) -> float | None:
         """Placement sensitivity rho = per-GPU rate of {server: 1} / per-GPU rate of {server: 1, peer: 1}.
@@ -482,13 +558,15 @@ class Estimator:
         self._type_cache.pop(job_id, None)
 
     def forget(self, job_id: JobId) -> None:
-        """Drop everything known about a job (it ended for good)."""
+        """Drop everything known about a job (it ended for good; what its profiles taught about the
+        GPU types' ratios stays: `transfer_rate`)."""
         self._profiles.pop(job_id, None)
         self._entity.pop(job_id, None)
         self._types.pop(job_id, None)
         self._specs.pop(job_id, None)
         self._cache.pop(job_id, None)
         self._type_cache.pop(job_id, None)
+        self._transfer_cache.pop(job_id, None)
 
     def prepare_export(self, job_id: JobId) -> None:
         """Make the export rows of `job_id`'s profiles now (an export makes the missing ones; a caller
@@ -519,6 +597,7 @@ class Estimator:
                 for j, table in self._types.items()
                 for key, e in table.items()
             ],
+            "pairs": [[source, target, *counts] for (source, target), counts in self._pairs.items()],
         }
 
     @classmethod
@@ -559,6 +638,14 @@ class Estimator:
                 if value is not None:
                     _require(f"estimator state: {name}", value, positive=True)
             est._types.setdefault(job, {})[(gpu_type, gpus, n)] = _TypeEntry(ratio, norm)
+        if "pairs" in state:  # (absent from states exported before the transfer prior)
+            for source, target, *counts in state["pairs"]:
+                if len(counts) != 4 or not all(_is_real(c) for c in counts):
+                    raise ModelError(f"estimator state: bad type-pair row {[source, target, *counts]!r}")
+                est._pairs[(source, target)] = [float(c) for c in counts]
+        else:
+            for job in est._profiles:
+                est._count_pairs(job, 1.0)
         return est
 
     def _ewma(self, old: float | None, new: float) -> float:

@@ -65,6 +65,7 @@ from hopsmgr.core.program import (
     tenant_resources,
 )
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.core.transfer import with_transfer
 from hopsmgr.core.window import sensitivity_adjustment, service_window
 
 Timer = Callable[[], float]
@@ -281,6 +282,8 @@ def _plan(
 ) -> Plan:
     clock = timer or (lambda: 0.0)
     t0 = clock()
+    if settings.transfer_estimates:  # [ours] a prior on GPU types the job was never profiled on
+        estimator = with_transfer(estimator)
     servers = snapshot.server_map()
     capacity = {
         sid: min(n, servers[sid].gpus) for sid, n in snapshot.capacity.items() if sid in servers and n > 0

@@ -54,6 +54,9 @@ class SchedulerSettings:
     profiling_timeout_s: float = 600.0  # [ours] a profiling run that wrote no profile by then fails its job
     default_run_s: float = 3600.0  # [ours] expected run time of a job without the runtime and without --time
     mixed_types: bool = True  # [ours] low-sensitivity jobs may span GPU types, batches split by speed
+    # [ours] the planner estimates a job on a GPU type it has no profile on from its profile on another
+    # type and the type ratios of the jobs profiled on both (hopsmgr.core.transfer)
+    transfer_estimates: bool = True
     reservations: bool = False  # [ours] reserve and drain servers for big waiting jobs (core.reserve)
     reserve_min_gpus: int = 8  # a job asking for at least this many GPUs may get a reservation
     reserve_after_lr: float = 0.5  # ... once its latency ratio (wait / expected run time) reaches this

@@ -79,9 +79,12 @@ def test_aggregated_only_where_capacity_allows() -> None:
         C(s2=2),
         C(s2=4),
         C(s2=8),
+        # 8 GPUs fit no server of s0's type: spanning them is its only placement there, offered even
+        # without span (the program weighs it against s2's 8 GPUs)
+        C(s0=4, s1=4),
     }
     assert len(cands) == len(configs_of(cands))  # no duplicates
-    assert all(not c.config.distributed for c in cands)
+    assert [c.config for c in cands if c.config.distributed] == [C(s0=4, s1=4)]
 
 
 def test_aggregated_respects_partial_free_gpus() -> None:
@@ -114,11 +117,16 @@ def test_unprofiled_type_gets_no_configurations() -> None:
 
 def test_distributed_only_when_span() -> None:
     spec = job((2, 4, 8))
-    without = configs_of(gen(spec, FULL, span=False))
-    with_span = configs_of(gen(spec, FULL, span=True))
-    # 8 GPUs of type A only exist as 4 + 4 on the two adjacent A servers; B's single server holds 8 itself.
-    assert with_span - without == {C(s0=4, s1=4)}
+    free = {"s0": 2, "s1": 4, "s2": 8}
+    without = configs_of(gen(spec, free, span=False))
+    with_span = configs_of(gen(spec, free, span=True))
+    # 4 GPUs fit one A server (s1): split over s0 and s1 only with span.
+    assert with_span - without == {C(s0=2, s1=2)}
     assert without <= with_span
+    # 8 GPUs fit no A server: 4 + 4 on the two adjacent A servers is offered either way (else type A
+    # could never run the count); B's single server holds 8 itself.
+    assert C(s0=4, s1=4) in configs_of(gen(spec, FULL, span=False))
+    assert configs_of(gen(spec, FULL, span=True)) == configs_of(gen(spec, FULL, span=False))
 
 
 def test_distributed_fills_each_starting_server_as_much_as_possible() -> None:

@@ -293,8 +293,11 @@ def check_plan(plan: Plan, inst: Instance, settings_: SchedulerSettings) -> None
         assert config.gpus in view.spec.requirements, (jid, config)
         rho = plan.explain[jid].sensitivity
         assert rho >= 1.0
-        if rho > settings_.sigma and view.spec.requirements.minimum <= largest:
-            assert not config.distributed, (jid, rho, config)
+        if rho > settings_.sigma and view.spec.requirements.minimum <= largest and config.distributed:
+            # a high-sensitivity job spans servers only with a count no server of that type holds
+            gpu_type = snap.server_map()[config.parts[0][0]].gpu_type
+            type_largest = max(s.gpus for s in usable if s.gpu_type == gpu_type)
+            assert config.gpus > type_largest, (jid, rho, config)
         # Across GPU types only for a low-sensitivity job, with mixed_types on (never the class model).
         types = {snap.server_map()[sid].gpu_type for sid in config.servers}
         if len(types) > 1:

@@ -14,7 +14,6 @@ import json
 import re
 import secrets
 from collections.abc import Awaitable, Callable
-from functools import partial
 from typing import Any
 
 import structlog
@@ -27,7 +26,7 @@ from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.metrics import prometheus_text
 from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
 from hopsmgr.master.rounds import RoundLoop
-from hopsmgr.master.store import Row, Store, StoreError
+from hopsmgr.master.store import StoreError
 from hopsmgr.master.whatif import WhatIfs
 from hopsmgr.protocol import (
     ID,
@@ -203,8 +202,12 @@ async def list_jobs(request: web.Request) -> web.Response:
             raise RequestError(403, "tenant", f"user {who.user!r} cannot list tenant {tenant[:64]!r}")
         tenant = who.tenant
     ctl = request.app[CTL]
-    limit = _int_param(request, "limit", 1000, MAX_LIMIT)
-    rows = await ctl.read(lambda store: store.jobs(states=states, tenant=tenant, user=user, limit=limit))
+    rows = ctl.store.jobs(
+        states=states,
+        tenant=tenant,
+        user=user,
+        limit=_int_param(request, "limit", 1000, MAX_LIMIT),
+    )
     ctx = views.wait_context(ctl)
     return web.json_response(
         {"jobs": [views.job_summary(ctl, r, ctx, redact=not who.acts_for(r)) for r in rows]}
@@ -213,17 +216,8 @@ async def list_jobs(request: web.Request) -> web.Response:
 
 async def show_job(request: web.Request) -> web.Response:
     ctl = request.app[CTL]
-    who, jid = principal(request), job_id(request)
-    row, attempts, events = await ctl.read(partial(_with_history, jid))
-    row = ctl.check_visible(who, jid, row)
-    return web.json_response(views.job_detail(ctl, row, attempts, events))
-
-
-def _with_history(job_id: str, store: Store) -> tuple[Row | None, list[Row], list[Row]]:
-    row = store.job(job_id)
-    if row is None:
-        return None, [], []
-    return row, store.attempts(job_id), store.events(job_id)
+    row = ctl.visible(principal(request), job_id(request))
+    return web.json_response(views.job_detail(ctl, row))
 
 
 async def cancel_job(request: web.Request) -> web.Response:

@@ -18,10 +18,9 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -65,7 +64,6 @@ from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
 
 log = structlog.get_logger("hopsmgr.master")
-_T = TypeVar("_T")
 CALIBRATION_SYNC_S = 0.1
 PLAN_SLICE = 64  # a plan's actions applied per turn of the event loop (ControlSettings.plan_slice)
 REQUEST_SLICE = 2_000  # jobs of a plan request's profiling pass per turn (ControlSettings.request_slice)
@@ -165,7 +163,6 @@ class Controller:
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
         self.heartbeat_commit_ms: deque[float] = deque(maxlen=20_000)  # waits of beats that wrote
         self.heartbeat_commits = 0
-        self._reader: tuple[ThreadPoolExecutor, Store] | None = None  # API reads (`read`)
         self.replies_deferred = 0  # acknowledgements and stops left to a later reply (not yet durable)
         # per node, ended attempts it reported whose ends are not committed yet: attempt -> the write
         self.unacked_ends: dict[str, dict[str, asyncio.Future[None]]] = {}
@@ -489,10 +486,7 @@ class Controller:
 
     def visible(self, who: Principal, job_id: str, *, full: bool = True) -> Row:
         """The job's row if `who` may see it (in `full`: its command, env, logs, and cancel it)."""
-        return self.check_visible(who, job_id, self.store.job(job_id), full=full)
-
-    def check_visible(self, who: Principal, job_id: str, row: Row | None, *, full: bool = True) -> Row:
-        """`visible` for the job's row read already (None: no such job)."""
+        row = self.store.job(job_id)
         if row is None or (not who.admin and row["tenant"] != who.tenant):
             raise RequestError(404, "id", f"no job {job_id!r}")
         if full and not who.acts_for(row):
@@ -566,26 +560,9 @@ class Controller:
         self.writer = ThreadWriter(self.store.sibling(), asyncio.get_running_loop())
 
     def close_writer(self) -> None:
-        """Commit what waits and stop the writer's thread (writes go on the loop's connection again),
-        and the reader's."""
+        """Commit what waits and stop the writer's thread (writes go on the loop's connection again)."""
         writer, self.writer = self.writer, InlineWriter(self.store)
         writer.close()
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            reader[0].shutdown(wait=True)
-            reader[1].close()
-
-    async def read(self, fn: Callable[[Store], _T]) -> _T:
-        """`fn(store)` for an API read, on a thread with a connection of its own while the writer has
-        one (SQLite and psycopg release the interpreter lock as they read, so the loop serves
-        heartbeats meanwhile; a read sees what was committed), else on the loop's connection."""
-        if self._reader is None:
-            if not isinstance(self.writer, ThreadWriter):
-                return fn(self.store)
-            pool = ThreadPoolExecutor(1, thread_name_prefix="hopsmgr-store-reader")
-            self._reader = (pool, self.store.sibling())
-        pool, store = self._reader
-        return await asyncio.get_running_loop().run_in_executor(pool, fn, store)
 
     async def durable(self, written: Iterable[asyncio.Future[None]]) -> None:
         """Wait until the writes `written` are committed (StoreError if one could not be)."""

@@ -100,12 +100,9 @@ def forecast_of(ctl: Controller, job_id: str) -> dict[str, Any] | None:
     return None if found is None else found.as_dict()
 
 
-def job_detail(
-    ctl: Controller, row: dict[str, Any], attempts: list[dict[str, Any]], events: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """What `hopsmgr show` prints: the summary, the submission, the history (`events`) and `attempts`
-    (the store's rows, read by the caller)."""
+def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
     out = job_summary(ctl, row)
+    attempts = ctl.store.attempts(row["id"])
     out.update(
         command=row["command"],
         env=row["env"],
@@ -120,7 +117,7 @@ def job_detail(
         counters={k: row[k] for k in ("restarts", "preemptions", "node_losses", "failures")},
         history=[
             {"time": e["time"], "kind": e["kind"], "state": e["state"], "message": e["message"]}
-            for e in events
+            for e in ctl.store.events(row["id"])
         ],
         attempts=[
             {

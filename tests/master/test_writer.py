@@ -130,26 +130,3 @@ def test_node_commands_go_out_once_their_records_are_committed_in_the_order_thei
     sent = asyncio.run(scenario())
     assert sent == [("a-1", 1), ("a-2", 1)]  # the note was in the store when a-1's stop went out
     store.close()
-
-
-def test_api_reads_run_on_a_reader_thread_and_see_what_was_committed(tmp_path: Path) -> None:
-    config = ClusterConfig("reader", (Server("n1", "v100", 4),), SchedulerSettings(), ())
-    store = Store(tmp_path / "state.db")
-    ctl = Controller(config, store, NoExecutor(), clock=lambda: 10.0)  # type: ignore[arg-type]
-    ctl.open(str(tmp_path / "checkpoints"))
-
-    async def scenario() -> tuple[str, str, object]:
-        inline = await ctl.read(lambda _: threading.current_thread().name)  # no writer thread yet
-        ctl.start_writer()
-        written = ctl.store_ops([partial(insert, job_id="j-1", seq=1)])
-        assert written is not None
-        await written
-        on = await ctl.read(lambda _: threading.current_thread().name)
-        row = await ctl.read(lambda s: s.job("j-1"))
-        ctl.close_writer()
-        return inline, on, row
-
-    inline, on, row = asyncio.run(scenario())
-    assert inline == "MainThread" and on.startswith("hopsmgr-store-reader")
-    assert row is not None and row["id"] == "j-1"
-    store.close()

@@ -10,6 +10,7 @@ between two slices), so that the master serves heartbeats in between at 10,000 j
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,8 +19,9 @@ from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import ContinuePlan, PlanRequest, UsageRecord
 from hopsmgr.control.events import PlanReady, RoundTick
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import JobSpec
+from hopsmgr.core.model import ClusterSnapshot, JobSpec
 from hopsmgr.core.plan import Plan
+from hopsmgr.core.program import protected
 
 if TYPE_CHECKING:
     from hopsmgr.control.machine import SchedulerMachine
@@ -99,9 +101,12 @@ def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
     snapshot = views.build_snapshot(state, m.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h)
     if work.kind == "first":
         waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))
-        if not (snapshot.jobs or work.to_profile) or not (m.changed or waiting):
+        # a job kept in place only by its minimum attempt length may be moved once that has passed
+        released = m.now >= m.protected_until
+        if not (snapshot.jobs or work.to_profile) or not (m.changed or waiting or released):
             return  # level-triggered: nothing waits and nothing changed, the plan would be the same
         m.changed = False
+        m.protected_until = _protection_ends(snapshot, s.scheduler.min_attempt_s)
     m.request_seq += 1
     m.inflight = m.request_seq
     m.emit(
@@ -117,6 +122,17 @@ def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
             s.scheduler.round_seconds,
         )
     )
+
+
+def _protection_ends(snapshot: ClusterSnapshot, min_attempt_s: float) -> float:
+    """When the first of the placed jobs that a first plan may not move yet (`protected`) becomes
+    movable: a plan then may move it even though nothing else changed (inf: none is protected)."""
+    ends = [
+        snapshot.now + min_attempt_s + 2 * v.spec.restart_s - v.attempt_s
+        for v in snapshot.jobs
+        if protected(v, min_attempt_s)
+    ]
+    return min(ends, default=math.inf)
 
 
 def _wanting_profiles(

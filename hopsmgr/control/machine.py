@@ -107,6 +107,7 @@ class SchedulerMachine:
         self.preparing: cycle.RequestUnderWay | None = None  # a plan request prepared in steps
         self.first_due = False  # a first plan was asked for while another plan was in flight
         self.changed = True  # jobs, attempts or nodes changed since the last first plan was asked for
+        self.protected_until = math.inf  # when a job the last first plan could not move becomes movable
         # the GPU types for which state.unprofiled was last trimmed (a new type: every job is again)
         self.profiled_on: frozenset[str] = frozenset()
         self.plan_soon = False  # a PlanSoon was sent and no plan tick came since

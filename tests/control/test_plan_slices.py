@@ -202,3 +202,27 @@ def test_a_request_dropped_half_way_does_not_block_the_next_round() -> None:
     out = h.feed(RoundTick(h.stimulus(), "first"))
     assert h.of(ContinuePlan, out) and h.machine.preparing is not None
     h.close()
+
+
+def test_a_first_plan_is_asked_for_when_a_protected_job_becomes_movable() -> None:
+    """Level-triggered first plans skip a round in which nothing waits and nothing changed, but the end
+    of a running job's minimum attempt length counts as a change: the plan may then move it (a job
+    left on slow GPUs beside idle fast ones, found on the 64-GPU paper world at light load)."""
+    h = Harness()
+    h.machine.estimator.add_profile("j0", "v100", PROFILE, SERVERS[0].calibration)
+    h.machine.estimator.add_profile("j0", "p100", PROFILE, SERVERS[2].calibration)
+    h.feed(JobSubmitted(h.stimulus(), spec("j0", (1,), samples=1e9, at=h.now)))
+    (launch,) = h.of(LaunchAttempt, h.feed(RoundTick(h.stimulus(), "first")))
+    h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    started = h.now
+    h.now += 10.0
+    assert h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # the start was a change
+    protected_for = h.machine.settings.scheduler.min_attempt_s + 2 * 20.0  # spec(): restart_s 20
+    h.now += 60.0
+    assert protected_for > 70.0
+    assert not h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # nothing to do yet
+    h.now = started + protected_for + 1.0
+    assert h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # movable now
+    h.now += 60.0
+    assert not h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # and once is enough
+    h.close()

@@ -23,16 +23,10 @@ from typing import Any
 
 from hopsmgr.control.planning import compute_plan
 from hopsmgr.core.model import Config
+from hopsmgr.core.transfer import with_transfer
 from hopsmgr.policies.registry import make_policy
 from hopsmgr.sim import runner
 from hopsmgr.sim.engine import SimOptions, Simulation, job_key
-
-try:
-    from hopsmgr.core.transfer import with_transfer
-except ImportError:  # code before the transfer prior (236e558)
-
-    def with_transfer(estimator: Any) -> Any:
-        return estimator
 
 
 def _h(seconds: float) -> str:

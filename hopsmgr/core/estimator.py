@@ -10,7 +10,7 @@ cached per job; a job's entries are dropped whenever its profiles or observation
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -452,12 +452,7 @@ class Estimator:
         The denominator follows the slowest-GPU rule over both servers (the paper's definition), so a
         slower peer raises rho; pass `peer=server` for the symmetric estimate that ignores the peer.
         """
-        alone = self.per_gpu_rate(job, server, 1, 1)
-        here = self.per_gpu_rate(job, server, 1, 2)
-        there = here if peer.id == server.id else self.per_gpu_rate(job, peer, 1, 2)
-        if alone is None or here is None or there is None:
-            return None
-        return alone / min(here, there)
+        return placement_sensitivity(self.per_gpu_rate, job, server, peer)
 
     def observe(
         self,
@@ -728,3 +723,19 @@ def _fields_of(value: Any) -> dict[str, Any]:
 
 def _row(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
     return dict(zip(keys, values, strict=True))
+
+
+def placement_sensitivity(
+    per_gpu_rate: Callable[[JobSpec, Server, int, int], float | None],
+    job: JobSpec,
+    server: Server,
+    peer: Server,
+) -> float | None:
+    """`Estimator.sensitivity` over any per-GPU rate (the estimator's own, or the planner's with the
+    transfer prior, hopsmgr.core.transfer)."""
+    alone = per_gpu_rate(job, server, 1, 1)
+    here = per_gpu_rate(job, server, 1, 2)
+    there = here if peer.id == server.id else per_gpu_rate(job, peer, 1, 2)
+    if alone is None or here is None or there is None:
+        return None
+    return alone / min(here, there)

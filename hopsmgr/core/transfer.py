@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from hopsmgr.core.estimates import Estimator
+from hopsmgr.core.estimator import placement_sensitivity
 from hopsmgr.core.model import Calibration, Config, GpuType, JobId, JobSpec, Server, ServerId, spans_types
 
 TransferRate = Callable[[JobSpec, Server, int, int], "float | None"]
@@ -64,12 +65,7 @@ class TransferEstimates:
         return None if slowest is None else slowest * config.gpus
 
     def sensitivity(self, job: JobSpec, server: Server, peer: Server) -> float | None:
-        alone = self.per_gpu_rate(job, server, 1, 1)
-        here = self.per_gpu_rate(job, server, 1, 2)
-        there = here if peer.id == server.id else self.per_gpu_rate(job, peer, 1, 2)
-        if alone is None or here is None or there is None:
-            return None
-        return alone / min(here, there)
+        return placement_sensitivity(self.per_gpu_rate, job, server, peer)
 
 
 def with_transfer(estimator: Estimator) -> Estimator:

@@ -482,8 +482,6 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         submit_per_s=args.jobs / submit_wall,
         heartbeats_sent=len(lat.get("heartbeat", [])) + errors.get("heartbeat", 0),
         heartbeat_server_p99_ms=metric(metrics, "hopsmgr_heartbeat_handling_ms", "0.99"),
-        heartbeat_commit_wait_p50_ms=metric(metrics, "hopsmgr_heartbeat_commit_wait_ms", "0.5"),
-        heartbeat_commit_wait_p99_ms=metric(metrics, "hopsmgr_heartbeat_commit_wait_ms", "0.99"),
         heartbeat_replies_deferred=metric(metrics, "hopsmgr_heartbeat_deferred_total"),
     )
     api_kinds = ("api_list", "api_cluster", "api_job")

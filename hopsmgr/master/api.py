@@ -388,7 +388,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     if isinstance(raw, dict):
         check_protocol(raw)
     ctl = request.app[CTL]
-    reply = await heartbeats.answer(ctl, parse_heartbeat(raw))
+    reply = heartbeats.answer(ctl, parse_heartbeat(raw))
     return web.json_response(reply.to_json())
 
 

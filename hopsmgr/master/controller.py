@@ -161,8 +161,6 @@ class Controller:
         ] = {}  # job id -> hopsmgr.forecast.future.JobForecast (master/forecasts.py)
         self.wake = asyncio.Event()  # the machine asked for a fragment plan
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
-        self.heartbeat_commit_ms: deque[float] = deque(maxlen=20_000)  # waits of beats that wrote
-        self.heartbeat_commits = 0
         self.replies_deferred = 0  # acknowledgements and stops left to a later reply (not yet durable)
         # per node, ended attempts it reported whose ends are not committed yet: attempt -> the write
         self.unacked_ends: dict[str, dict[str, asyncio.Future[None]]] = {}

@@ -5,10 +5,11 @@ machine a `NodeBeat`, an `AttemptEnded` for every attempt the agent reports fini
 `NodeReported` with what still runs (the machine adopts, follows, resends stops, and ends attempts the
 node no longer runs, and names what the agent must stop). `answer` gives the reply: it acknowledges an
 ended attempt only once its end is committed and names attempts to stop only once every write before
-it is, waiting at most ACK_WAIT_S for the store writer; what is not yet durable by then is left to a
-later reply (the agent reports an ended attempt until it is acknowledged, and the machine names a stop
-in every reply while the node still runs the attempt), so a heartbeat never waits behind a large
-write such as a plan's records. `check_health` is the machine's HealthTick; commands that could not
+it is, without waiting for the store writer: what is not yet durable is left to a later reply (the
+agent reports an ended attempt until it is acknowledged, and the machine names a stop in every reply
+while the node still runs the attempt; a reply that leaves a stop out asks the agent to beat again in
+STOP_RETRY_S), so a heartbeat never waits behind a write, nor yields the loop to other work while it
+is being answered. `check_health` is the machine's HealthTick; commands that could not
 reach a node become NodeCommandFailed.
 """
 
@@ -46,20 +47,14 @@ log = structlog.get_logger("hopsmgr.master")
 Written = list[asyncio.Future[None]]
 
 
-# How long a reply waits for the commit of what it acknowledges before leaving it to a later reply: the
-# common commit (one to two ms) makes it into this reply, a long queue at the writer does not hold it.
-ACK_WAIT_S = 0.005
+# When a reply leaves out stops whose decision is not committed yet, the agent beats again this soon
+# (rather than a whole interval later) to hear them.
+STOP_RETRY_S = 0.5
 
 
-async def answer(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
+def answer(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     """Handle `beat`; the reply, with the acknowledgements and stops already durable (see the module)."""
     reply, ends, stops_after = heartbeat(ctl, beat)
-    waits = {f for f in (*ends.values(), stops_after) if f is not None and not f.done()}
-    if waits:
-        t0 = time.perf_counter()
-        await asyncio.wait(waits, timeout=ACK_WAIT_S)
-        ctl.heartbeat_commit_ms.append((time.perf_counter() - t0) * 1000)
-        ctl.heartbeat_commits += 1
     for future in (*ends.values(), stops_after):
         if future is not None and future.done():
             future.result()  # a write that failed fails this reply (StoreError), as it always did
@@ -68,7 +63,8 @@ async def answer(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     ctl.replies_deferred += len(reply.ack) - len(ack) + len(reply.stop) - len(stop)
     if ack == reply.ack and stop == reply.stop:
         return reply
-    return replace(reply, ack=ack, stop=stop)
+    interval = reply.interval_s if stop == reply.stop else min(reply.interval_s, STOP_RETRY_S)
+    return replace(reply, ack=ack, stop=stop, interval_s=interval)
 
 
 def _durable(future: asyncio.Future[None] | None) -> bool:

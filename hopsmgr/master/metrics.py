@@ -117,16 +117,10 @@ def prometheus_text(ctl: Controller, loop: Any) -> str:
         list(ctl.heartbeat_ms),
         ctl.heartbeats,
     )
-    w.summary(
-        "hopsmgr_heartbeat_commit_wait_ms",
-        "Time a heartbeat's reply waited (at most 5 ms) for the commit of what it acknowledges (ms).",
-        list(ctl.heartbeat_commit_ms),
-        ctl.heartbeat_commits,
-    )
     w.metric(
         "hopsmgr_heartbeat_deferred_total",
         "counter",
-        "Acknowledgements and stops left to a later heartbeat reply: not yet committed after 5 ms.",
+        "Acknowledgements and stops left to a later heartbeat reply: not yet committed when it was sent.",
         [({}, ctl.replies_deferred)],
     )
     w.metric("hopsmgr_epoch", "gauge", "The master's epoch.", [({}, ctl.epoch)])

@@ -19,7 +19,7 @@ from hopsmgr.master import heartbeats
 from hopsmgr.master.controller import Controller, Principal
 from hopsmgr.master.store import Store
 from hopsmgr.policies.base import HopsPolicy
-from hopsmgr.protocol import FinishedAttempt, Heartbeat, parse_submission
+from hopsmgr.protocol import FinishedAttempt, Heartbeat, RunningAttempt, parse_submission
 from tests.control.test_drivers import NoExecutor
 
 PROFILE = {"tf_s": 0.01, "tb_s": 0.02, "tu_s": 0.005, "td_s": 0.004, "samples_per_s": 100.0, "iterations": 20}
@@ -43,7 +43,7 @@ def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_b
     async def scenario() -> None:
         ctl.start_writer()
         ctl.on_command = lambda c: None
-        await heartbeats.answer(ctl, beat())
+        heartbeats.answer(ctl, beat())
         job = (await ctl.submit(Principal("admin", "default", admin=True), sub))["id"]
         requests = [c for c in ctl.feed(RoundTick("tick", "first")) if isinstance(c, PlanRequest)]
         ready = compute_plan(requests[0], HopsPolicy(SchedulerSettings()), ctl.estimator, time.perf_counter)
@@ -55,15 +55,15 @@ def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_b
         gate = threading.Event()
         ctl.store_ops([lambda _: gate.wait(10)])  # the writer is busy with an earlier, long write
         t0 = time.perf_counter()
-        first = await heartbeats.answer(ctl, beat((ended,)))
+        first = heartbeats.answer(ctl, beat((ended,)))
         assert time.perf_counter() - t0 < 1.0  # the reply did not wait for the writer
         assert first.ack == ()  # not committed yet: not acknowledged
-        again = await heartbeats.answer(ctl, beat((ended,)))  # the agent reports it again
+        again = heartbeats.answer(ctl, beat((ended,)))  # the agent reports it again
         assert again.ack == ()
         assert ctl.replies_deferred == 2
         gate.set()
         await ctl.settled()
-        last = await heartbeats.answer(ctl, beat((ended,)))
+        last = heartbeats.answer(ctl, beat((ended,)))
         assert last.ack == (runs[0].attempt_id,)
         assert ctl.unacked_ends == {}  # nothing kept once acknowledged
         ctl.close_writer()
@@ -72,6 +72,36 @@ def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_b
         assert row["ended"] is not None and row["exit_code"] == 0
         assert len(store.profiles([job])) == 1  # the end (and its profile) handled once
         assert [e["kind"] for e in store.events(job)].count("queued") == 1, store.events(job)
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def test_a_stop_not_yet_durable_is_left_to_a_beat_the_agent_is_asked_to_make_soon(tmp_path: Path) -> None:
+    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
+    ctl.open(str(tmp_path / "checkpoints"))
+    stray = Heartbeat(
+        "n1", "v100", 2, "emulated", "/tmp/hopsmgr-test", running=(RunningAttempt("a-stray", "j-gone"),)
+    )
+
+    async def scenario() -> None:
+        ctl.start_writer()
+        ctl.on_command = lambda c: None
+        heartbeats.answer(ctl, beat())
+        await ctl.settled()
+        gate = threading.Event()
+        ctl.store_ops([lambda _: gate.wait(10)])  # the writer is busy: the decision to stop is not durable
+        held = heartbeats.answer(ctl, stray)
+        assert (
+            held.stop == () and held.interval_s == heartbeats.STOP_RETRY_S < ctl.settings.heartbeat_interval_s
+        )
+        gate.set()
+        await ctl.settled()
+        named = heartbeats.answer(ctl, stray)  # the agent beats again soon: the stop is named now
+        assert named.stop == ("a-stray",) and named.interval_s == ctl.settings.heartbeat_interval_s
+        ctl.close_writer()
 
     asyncio.run(scenario())
     store.close()

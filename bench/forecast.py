@@ -19,6 +19,9 @@ arriving job's P10/P50/P90 start is kept. After the run:
   arrival, i.e. while arrivals went on as the futures assume they do (the futures draw arrivals at the
   recent rate; a finite trace stops them, which no forecast from the recent rate can know); the
   headline figures above are over all jobs;
+- `--exact-s S`: wall seconds each future may plan with the Hops planner before it plans greedily
+  (FutureOptions.exact_s; 0: greedy plans only);
+- `--per-job FILE`: one CSV row per forecast job (its P10/P50/P90 and actual waits, relative error);
 - `forecast_ms_p50`, `forecast_ms_p95`: wall time of one whole-queue forecast in the replay;
 - with `--scale` (default on): a burst of `--scale-jobs` jobs on configs/sim/paper-512.toml, run until
   at least 1,000 wait, then the whole queue forecast `--scale-repeats` times: `scale_waiting`,
@@ -93,6 +96,10 @@ class Replay(Simulation):
             self.raw[job.spec.id] = (raw.start_p10, raw.start_p90)
 
 
+def _wait(at_time: float | None, arrival: float) -> str:
+    return "" if at_time is None else str(round(at_time - arrival))
+
+
 def replay(args: argparse.Namespace) -> dict[str, Any]:
     cluster = load_cluster_config(args.cluster)
     world = paper_world(seed=args.seed)
@@ -113,7 +120,10 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             min_futures=args.min_futures,
             max_futures=args.max_futures,
             future=FutureOptions(
-                sigma=args.sigma, round_growth=args.round_growth, keep_bonus=args.keep_bonus
+                sigma=args.sigma,
+                round_growth=args.round_growth,
+                keep_bonus=args.keep_bonus,
+                exact_s=args.exact_s,
             ),
         ),
     )
@@ -126,6 +136,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
     last_arrival = max((w.arrival_s for w in workload), default=0.0)
     errors_arriving: list[float] = []
     covered_arriving: list[bool] = []
+    rows: list[str] = ["job,gpus,arrival,p10_wait,p50_wait,p90_wait,actual_wait,rel_error,inside"]
     for job_id, (at, p10, p50, p90) in sim.forecasts.items():
         truth = sim.jobs[job_id]
         if truth.first_start is None:
@@ -142,6 +153,22 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
         r10, r90 = sim.raw[job_id]
         covered_raw.append(r10 is not None and r10 - 1.0 <= actual and (r90 is None or actual <= r90 + 1.0))
         wait = actual - at
+        rows.append(
+            ",".join(
+                str(x)
+                for x in (
+                    job_id,
+                    sim.jobs[job_id].spec.requirements.minimum,
+                    round(at),
+                    _wait(p10, at),
+                    _wait(p50, at),
+                    _wait(p90, at),
+                    round(wait),
+                    round(abs((p50 - at) - wait) / wait, 3) if p50 is not None and wait > 0 else "",
+                    int(inside),
+                )
+            )
+        )
         if wait >= args.round_s:
             covered_waited.append(inside)
             # no P50 (most futures did not start it): counted as a full miss
@@ -149,6 +176,8 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             errors.append(error)
             if arriving:
                 errors_arriving.append(error)
+    if args.per_job:
+        Path(args.per_job).write_text("\n".join(rows) + "\n")
     return {
         "jobs": len(sim.forecasts),
         "jobs_waited": len(errors),
@@ -207,7 +236,9 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         budget_s=args.budget_s,
         min_futures=args.min_futures,
         max_futures=args.max_futures,
-        future=FutureOptions(round_growth=args.round_growth, keep_bonus=args.keep_bonus),
+        future=FutureOptions(
+            round_growth=args.round_growth, keep_bonus=args.keep_bonus, exact_s=args.exact_s
+        ),
     )
     for _ in range(args.scale_repeats):
         t0 = time.perf_counter()
@@ -247,12 +278,19 @@ def main(argv: list[str] | None = None) -> int:
         default=FutureOptions().keep_bonus,
         help="futures: how far ahead in priority a waiting job must be to preempt (FutureOptions)",
     )
+    p.add_argument(
+        "--exact-s",
+        type=float,
+        default=FutureOptions().exact_s,
+        help="futures: wall seconds each may plan with the Hops planner before it plans greedily",
+    )
     p.add_argument("--profiling", action="store_true")
     p.add_argument("--replay", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scale", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--scale-jobs", type=int, default=1400)
     p.add_argument("--scale-repeats", type=int, default=3)
     p.add_argument("--json", help="write the figures as flat JSON here")
+    p.add_argument("--per-job", help="write one CSV row per forecast job here (forecast against actual)")
     args = p.parse_args(argv)
     out = replay(args) if args.replay else {}
     if args.scale:

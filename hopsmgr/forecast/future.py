@@ -11,7 +11,7 @@ when each job launched and completed.
 
 What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
 (of the same model when there is one) and are queued at once; plans are made by
-hopsmgr.forecast.policy (Hops' order, greedy placement).
+hopsmgr.forecast.policy (the Hops planner for the first plans, then Hops' order, greedy placement).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -76,6 +76,8 @@ class FutureOptions:
     # forecast t ahead may come up to ~5% of t late, far inside its P10-P90 (SimOptions.round_growth)
     round_growth: float = 0.05
     keep_bonus: float = 0.0  # hopsmgr.forecast.policy: how far ahead a waiting job must be to preempt
+    # wall seconds a future may spend in the Hops planner itself before it plans greedily
+    exact_s: float = 0.2
 
 
 class _Templates:
@@ -119,7 +121,14 @@ def _later(a: Job, b: Job) -> bool:
 
 
 class Future(Simulation):
-    def __init__(self, live: LiveState, seed: int, options: FutureOptions, estimator: Estimator) -> None:
+    def __init__(
+        self,
+        live: LiveState,
+        seed: int,
+        options: FutureOptions,
+        estimator: Estimator,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         rng = random.Random(seed)
         jobs = copy.deepcopy(list(live.jobs))
         types = {s.gpu_type for s in live.servers}
@@ -156,7 +165,13 @@ class Future(Simulation):
         )
         round_s = max(live.round_s * options.round_every, options.min_round_s)
         scheduler = replace(live.scheduler, round_seconds=round_s)
-        policy = ForecastPolicy(scheduler, keep_bonus=options.keep_bonus, fixed_rates=True)
+        policy = ForecastPolicy(
+            scheduler,
+            keep_bonus=options.keep_bonus,
+            fixed_rates=True,
+            exact_s=options.exact_s,
+            clock=clock,
+        )
         super().__init__(
             world,
             live.servers,

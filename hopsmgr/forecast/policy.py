@@ -1,8 +1,11 @@
-"""The plan forecasts run with: Hops' queue and service window, placed greedily (fast enough for
-hundreds of simulated rounds).
+"""The plan forecasts run with: the Hops planner while it is cheap, then Hops' queue and service
+window, placed greedily (fast enough for hundreds of simulated rounds).
 
-A forecast plans every simulated round, so it cannot afford the Hops planner's program (about a
-second for 1,000 jobs on 512 GPUs). This policy takes the queue as the Hops planner takes it
+With `exact_s` and a clock, plans are the Hops planner's own (hopsmgr.policies.base.HopsPolicy, the
+master's settings) until they have taken `exact_s` of wall time in all, each solve limited to what is
+left: the near future, where short waits are decided, as the master would plan it. A forecast plans
+every simulated round, so it cannot afford the program all the way (about a second for 1,000 jobs on
+512 GPUs). Past that, this policy takes the queue as the Hops planner takes it
 (hopsmgr.core.planner.queue_order: the same priority values, fair-share factors, and the jobs owed
 GPUs under their tenant's guarantee first) and the same service window (hopsmgr.core.window: the head
 of the queue whose smallest requests fill the cluster; a job behind it waits, even beside idle GPUs,
@@ -23,6 +26,7 @@ jobs on small clusters are pessimistic there), and larger counts of a requiremen
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import (
@@ -40,6 +44,7 @@ from hopsmgr.core.planner import Plan, PlanKind, queue_order
 from hopsmgr.core.program import protected
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.core.window import service_window
+from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.policies.placement import (
     fits,
     idle_after,
@@ -59,9 +64,19 @@ class ForecastPolicy:
     fragment_plans = True
 
     def __init__(
-        self, settings: SchedulerSettings, keep_bonus: float = 0.0, fixed_rates: bool = False
+        self,
+        settings: SchedulerSettings,
+        keep_bonus: float = 0.0,
+        fixed_rates: bool = False,
+        exact_s: float = 0.0,
+        clock: Timer | None = None,
     ) -> None:
         self.settings = settings
+        # plans by the Hops planner itself while they have cost less than `exact_s` of `clock` in all
+        self.exact = HopsPolicy(settings) if exact_s > 0 and clock is not None else None
+        self.exact_left = exact_s
+        self.clock = clock
+        self.exact_made = 0
         self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
         # fixed_rates (a future: its estimator learns nothing and its servers stay): each job's seconds
@@ -70,6 +85,16 @@ class ForecastPolicy:
         self._profiled: dict[str, frozenset[str]] | None = {} if fixed_rates else None
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
+        if self.exact is not None and self.clock is not None and self.exact_left > 0:
+            # within what is left of the allowance: past it the planner answers with its own fallback
+            self.exact.settings = replace(
+                self.settings, time_limit_s=min(self.settings.time_limit_s, self.exact_left)
+            )
+            t0 = self.clock()
+            plan = self.exact.plan(snapshot, estimator, kind, self.clock)
+            self.exact_left -= self.clock() - t0
+            self.exact_made += 1
+            return plan
         t0 = timer()
         capacity = usable_capacity(snapshot)
         by_type = servers_by_type(snapshot, capacity)

@@ -46,7 +46,9 @@ def forecast(
             elapsed >= settings.budget_s or elapsed + longest > settings.budget_s
         ):
             break
-        future = Future(live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator))
+        future = Future(
+            live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator), timer
+        )
         future.go(only)
         runs += 1
         longest = max(longest, timer() - begun)

@@ -13,15 +13,18 @@ import itertools
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hopsmgr.config import parse_cluster_config
+from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
 from hopsmgr.forecast.future import Future, FutureOptions, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.sim.engine import SimOptions, Simulation
 from hopsmgr.sim.truth import paper_world
 from hopsmgr.sim.workload import WorkloadJob
@@ -35,7 +38,9 @@ CLUSTER = parse_cluster_config(
         "scheduler": {"round_seconds": 300},
     }
 )
-EXACT = ForecastSettings(min_futures=1, max_futures=1, future=FutureOptions(sigma=0.0, arrivals=False))
+# greedy plans only (exact_s=0): most tests here check the greedy policy's futures
+GREEDY = FutureOptions(sigma=0.0, arrivals=False, exact_s=0.0)
+EXACT = ForecastSettings(min_futures=1, max_futures=1, future=GREEDY)
 NO_PREEMPTION = replace(EXACT, future=replace(EXACT.future, keep_bonus=float("inf")))
 
 
@@ -106,7 +111,7 @@ def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
     before = copy.deepcopy(live)
     # without preemption j2 starts when the jobs ahead end, which the rate errors move
-    no_preemption = FutureOptions(sigma=0.3, arrivals=False, keep_bonus=float("inf"))
+    no_preemption = replace(GREEDY, sigma=0.3, keep_bonus=float("inf"))
     noisy = ForecastSettings(min_futures=12, max_futures=12, future=no_preemption)
     first = forecast(live, noisy, time.perf_counter)
     again = forecast(live, noisy, time.perf_counter)
@@ -122,7 +127,7 @@ def test_arrivals_come_at_the_recent_rate_and_only_slow_the_queue() -> None:
     sim = started(2.0)
     quiet = capture(sim.machine, sim.now, next_round=sim.next_round)
     busy = replace(quiet, recent=tuple(float(t) for t in range(0, 3600, 60)), window_s=3600.0)
-    settings = ForecastSettings(min_futures=4, max_futures=4, future=FutureOptions(sigma=0.0))
+    settings = ForecastSettings(min_futures=4, max_futures=4, future=replace(GREEDY, arrivals=True))
     alone = forecast(quiet, settings, time.perf_counter)["j2"]
     crowded = forecast(busy, settings, time.perf_counter)["j2"]
     assert alone.start_p50 is not None and crowded.start_p50 is not None
@@ -149,6 +154,38 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
         runs[budget] = forecast(live, settings, lambda: clock[0])["j2"].futures
         assert clock[0] <= max(budget, 2.0)  # never past the budget, but for the two it must run
     assert runs == {0.5: 2, 2.5: 2, 3.0: 3, 4.9: 4}
+
+
+def test_futures_plan_with_the_hops_planner_until_its_plans_have_taken_their_allowance(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    clock = [0.0]
+    real_plan = HopsPolicy.plan
+    limits: list[float] = []
+
+    def plan(self: HopsPolicy, *args: Any) -> Any:
+        limits.append(self.settings.time_limit_s)
+        clock[0] += 0.1  # each of the planner's plans "takes" 0.1 s
+        return real_plan(self, *args)
+
+    monkeypatch.setattr(HopsPolicy, "plan", plan)
+
+    def future(exact_s: float) -> Future:
+        options = replace(GREEDY, exact_s=exact_s)
+        f = Future(live, 0, options, Estimator.from_state(live.estimator), lambda: clock[0])
+        f.go()
+        assert not f.open  # every job ran to its end
+        return f
+
+    greedy = future(0.0)
+    assert isinstance(greedy.policy, ForecastPolicy) and greedy.policy.exact_made == 0 and not limits
+    exact = future(0.25)
+    assert isinstance(exact.policy, ForecastPolicy) and exact.policy.exact_made == 3  # 0.1 + 0.1 + 0.1
+    # each solve within what is left of the allowance (and never past the master's own limit)
+    assert limits == pytest.approx([0.25, 0.15, 0.05])
+    assert {"j1", "j2"} <= set(exact.started) & set(greedy.started)  # both started the waiting jobs
 
 
 def test_the_forecast_modules_are_pure() -> None:

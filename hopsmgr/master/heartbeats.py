@@ -227,7 +227,8 @@ def _update_node(node: NodeRecord, beat: Heartbeat) -> tuple[bool, bool]:
         or node.agent_version != beat.agent_version
     )
     moved = calibration != node.calibration or node.reported_gpus != beat.gpus
-    node.calibration = calibration
+    if calibration != node.calibration:  # an equal one is not kept: the node's server view stays cached
+        node.calibration = calibration
     node.workdir, node.device_mode = beat.workdir, beat.device_mode
     node.reported_gpus, node.agent_version = beat.gpus, beat.agent_version
     return changed, moved

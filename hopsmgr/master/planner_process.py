@@ -41,7 +41,10 @@ log = structlog.get_logger("hopsmgr.master")
 # The worker runs at a lower CPU priority than the master: where cores are few, heartbeats and API
 # replies come first and a plan takes longer (its deadline still holds), not the other way round.
 PLANNER_NICE = 5
-Update = tuple[str, tuple[Any, ...], dict[str, Any]]  # a LoggedEstimator update: method, args, kwargs
+# A LoggedEstimator update: its method, args and kwargs, pickled when made. Bytes are no work for the
+# garbage collector: kept as tuples, a round's updates were thousands of containers each collection
+# walked (docs/benchmarks.md, the master under load); and the followers share one copy.
+Update = bytes
 
 
 class LoggedEstimator(Estimator):
@@ -61,8 +64,11 @@ class LoggedEstimator(Estimator):
         self.logs: dict[str, list[Update]] = {}
 
     def _log(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not self.logs:
+            return
+        record = pickle.dumps((name, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         for follower, updates in list(self.logs.items()):
-            updates.append((name, args, kwargs))
+            updates.append(record)
             if len(updates) > self.MAX_LOG and len(updates) > self.PER_JOB * len(self._profiles):
                 del self.logs[follower]
                 log.warning("estimator_log_dropped", follower=follower, updates=len(updates))
@@ -168,8 +174,15 @@ def _pickle_request(message: tuple[PlanRequest, Any, Any], known: Interned) -> t
 
 def apply_updates(estimator: Estimator, updates: list[Update]) -> None:
     """Replay a LoggedEstimator's updates on a copy of its state."""
-    for name, args, kwargs in updates:
+    for record in updates:
+        name, args, kwargs = decode_update(record)
         getattr(estimator, name)(*args, **kwargs)
+
+
+def decode_update(record: Update) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """A logged update's method, args and kwargs."""
+    name, args, kwargs = pickle.loads(record)
+    return name, args, kwargs
 
 
 def _serve(conn: multiprocessing.connection.Connection, settings: SchedulerSettings) -> None:

@@ -23,7 +23,7 @@ from hopsmgr.forecast.future import FutureOptions, LiveState, capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master import live_wire
 from hopsmgr.master.forecasts import Forecaster
-from hopsmgr.master.planner_process import LoggedEstimator
+from hopsmgr.master.planner_process import LoggedEstimator, decode_update
 from hopsmgr.sim.engine import Simulation
 from tests.forecast.test_forecast import CLUSTER, started
 
@@ -92,7 +92,7 @@ def test_a_follower_gets_the_updates_since_it_last_took_them_and_one_that_lags_i
     assert estimator.take_updates("a") is None  # not following yet: it needs the whole state
     sim.advance(until=lambda: sim.now >= 6000.0)
     taken = estimator.take_updates("a")
-    assert taken and {name for name, _, _ in taken} <= {
+    assert taken and {decode_update(u)[0] for u in taken} <= {
         "observe",
         "observe_data_time",
         "add_profile",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from hopsmgr.config import ClusterConfig
@@ -101,6 +102,36 @@ def test_a_stop_not_yet_durable_is_left_to_a_beat_the_agent_is_asked_to_make_soo
         await ctl.settled()
         named = heartbeats.answer(ctl, stray)  # the agent beats again soon: the stop is named now
         assert named.stop == ("a-stray",) and named.interval_s == ctl.settings.heartbeat_interval_s
+        ctl.close_writer()
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def test_a_beat_with_the_same_calibration_keeps_the_nodes_server_view(tmp_path: Path) -> None:
+    # a new but equal calibration each beat would make a new planning view of the server each beat: a
+    # thousand objects every heartbeat interval for the garbage collector to walk at 1,000 nodes
+    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
+    ctl.open(str(tmp_path / "checkpoints"))
+
+    def calibrated(factor: float) -> Heartbeat:
+        cal = {"compute_factor": factor, "memory_factor": 0.9}
+        return replace(beat(), calibration=cal, calibration_source="measured")
+
+    async def scenario() -> None:
+        ctl.start_writer()
+        ctl.on_command = lambda c: None
+        heartbeats.answer(ctl, calibrated(1.1))
+        node = ctl.nodes["n1"]
+        first = node.effective_server()
+        heartbeats.answer(ctl, calibrated(1.1))
+        assert node.effective_server() is first  # nothing new to walk
+        heartbeats.answer(ctl, calibrated(1.2))
+        changed = node.effective_server()
+        assert changed is not first and changed.calibration.compute_factor == 1.2
+        await ctl.settled()
         ctl.close_writer()
 
     asyncio.run(scenario())

@@ -255,12 +255,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", default=str(REPO / "configs" / "fidelity.toml"))
     p.add_argument("--timeout", type=float, default=420.0, help="stop the live run after this many s")
     p.add_argument("--workdir", default="", help="directory for the live cluster (default: a temp dir)")
-    p.add_argument("--launch-s", type=float, default=2.06, help="sim: a launch's start-up + end detection")
+    p.add_argument("--launch-s", type=float, default=1.16, help="sim: a launch's start-up + end detection")
     p.add_argument(
-        "--profile-fixed-s", type=float, default=1.10, help="sim: profiling run beyond its iterations"
+        "--profile-fixed-s", type=float, default=0.59, help="sim: profiling run beyond its iterations"
     )
-    p.add_argument("--checkpoint-s", type=float, default=0.97, help="sim: checkpoint-and-stop duration")
-    p.add_argument("--step-overhead", type=float, default=0.018, help="sim: relative per-iteration overhead")
+    p.add_argument("--checkpoint-s", type=float, default=0.21, help="sim: checkpoint-and-stop duration")
+    p.add_argument("--step-overhead", type=float, default=0.011, help="sim: relative per-iteration overhead")
     p.add_argument("--reuse-live", default="", help="skip the live run: read a run's live.json instead")
     p.add_argument("--json", default="", help="write the figures here (flat JSON)")
     args = p.parse_args(argv)

@@ -3,7 +3,10 @@ window, placed greedily (fast enough for hundreds of simulated rounds).
 
 With `exact_s` and a clock, plans are the Hops planner's own (hopsmgr.policies.base.HopsPolicy, the
 master's settings) until they have taken `exact_s` of wall time in all, each solve limited to what is
-left: the near future, where short waits are decided, as the master would plan it. A forecast plans
+left, and one begun only while what is left is at least what the last one took: the near future,
+where short waits are decided, as the master would plan it. A plan where the planner could not answer
+in time (its stats name a fallback) is replaced by the greedy plan, which the future keeps to from
+then on. A forecast plans
 every simulated round, so it cannot afford the program all the way (about a second for 1,000 jobs on
 512 GPUs). Past that, this policy takes the queue as the Hops planner takes it
 (hopsmgr.core.planner.queue_order: the same priority values, fair-share factors, and the jobs owed
@@ -56,6 +59,7 @@ from hopsmgr.policies.placement import (
 )
 
 Timer = Callable[[], float]
+EXACT_MIN_S = 0.02  # no plan by the Hops planner with less of the allowance left than this
 
 
 class ForecastPolicy:
@@ -75,6 +79,7 @@ class ForecastPolicy:
         # plans by the Hops planner itself while they have cost less than `exact_s` of `clock` in all
         self.exact = HopsPolicy(settings) if exact_s > 0 and clock is not None else None
         self.exact_left = exact_s
+        self.exact_last = 0.0  # how long the last of them took
         self.clock = clock
         self.exact_made = 0
         self.round_seconds = settings.round_seconds
@@ -85,16 +90,24 @@ class ForecastPolicy:
         self._profiled: dict[str, frozenset[str]] | None = {} if fixed_rates else None
 
     def plan(self, snapshot: ClusterSnapshot, estimator: Estimator, kind: PlanKind, timer: Timer) -> Plan:
-        if self.exact is not None and self.clock is not None and self.exact_left > 0:
-            # within what is left of the allowance: past it the planner answers with its own fallback
+        if (
+            self.exact is not None
+            and self.clock is not None
+            and self.exact_left >= max(EXACT_MIN_S, self.exact_last)  # the next is likely to fit
+        ):
             self.exact.settings = replace(
                 self.settings, time_limit_s=min(self.settings.time_limit_s, self.exact_left)
             )
             t0 = self.clock()
             plan = self.exact.plan(snapshot, estimator, kind, self.clock)
-            self.exact_left -= self.clock() - t0
+            self.exact_last = self.clock() - t0
+            self.exact_left -= self.exact_last
             self.exact_made += 1
-            return plan
+            if plan.stats.fallback is None:
+                return plan
+            # the planner could not answer within what was left (a large cluster, a loaded machine): its
+            # fallback can place far less than the greedy plan below, which this future uses from now on
+            self.exact_left = 0.0
         t0 = timer()
         capacity = usable_capacity(snapshot)
         by_type = servers_by_type(snapshot, capacity)

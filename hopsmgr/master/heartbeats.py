@@ -7,9 +7,8 @@ node no longer runs, and names what the agent must stop). `answer` gives the rep
 ended attempt only once its end is committed and names attempts to stop only once every write before
 it is, without waiting for the store writer: what is not yet durable is left to a later reply (the
 agent reports an ended attempt until it is acknowledged, and the machine names a stop in every reply
-while the node still runs the attempt; a reply that leaves a stop out asks the agent to beat again in
-STOP_RETRY_S), so a heartbeat never waits behind a write, nor yields the loop to other work while it
-is being answered. `check_health` is the machine's HealthTick; commands that could not
+while the node still runs the attempt), so a heartbeat never waits behind a write, nor yields the loop
+to other work while it is being answered. An end whose write failed is never acknowledged. `check_health` is the machine's HealthTick; commands that could not
 reach a node become NodeCommandFailed.
 """
 
@@ -47,28 +46,21 @@ log = structlog.get_logger("hopsmgr.master")
 Written = list[asyncio.Future[None]]
 
 
-# When a reply leaves out stops whose decision is not committed yet, the agent beats again this soon
-# (rather than a whole interval later) to hear them.
-STOP_RETRY_S = 0.5
-
-
 def answer(ctl: Controller, beat: Heartbeat) -> HeartbeatReply:
     """Handle `beat`; the reply, with the acknowledgements and stops already durable (see the module)."""
     reply, ends, stops_after = heartbeat(ctl, beat)
-    for future in (*ends.values(), stops_after):
-        if future is not None and future.done():
-            future.result()  # a write that failed fails this reply (StoreError), as it always did
     ack = tuple(a for a in reply.ack if _durable(ends.get(a)))
     stop = reply.stop if _durable(stops_after) else ()
     ctl.replies_deferred += len(reply.ack) - len(ack) + len(reply.stop) - len(stop)
     if ack == reply.ack and stop == reply.stop:
         return reply
-    interval = reply.interval_s if stop == reply.stop else min(reply.interval_s, STOP_RETRY_S)
-    return replace(reply, ack=ack, stop=stop, interval_s=interval)
+    return replace(reply, ack=ack, stop=stop)
 
 
 def _durable(future: asyncio.Future[None] | None) -> bool:
-    return future is None or future.done()
+    """Committed: a write still queued is not, nor one that failed (the writer logs it); an end whose
+    write failed is never acknowledged, so the node reports it to the next master that can keep it."""
+    return future is None or (future.done() and not future.cancelled() and future.exception() is None)
 
 
 def heartbeat(
@@ -92,12 +84,14 @@ def heartbeat(
     first = not node.seen
     node.seen = True
     stim = f"beat-{beat.node}-{ctl.heartbeats + 1}"
+    # the stops this beat names were decided before it (an attempt the machine no longer has, or one of
+    # a job that has ended): they wait for the writes made until now, not for this beat's own
+    written_before = ctl.last_write
     written: Written = []
     stop, ack, ends = _handle(ctl, stim, node, beat, changed, first, written)
     for future in written:
         future.add_done_callback(_retrieved)
-    # the decisions to stop them are durable before the node acts
-    stops_after = ctl.last_write if stop and ctl.last_write is not None else None
+    stops_after = written_before if stop else None
     ctl.heartbeats += 1
     ctl.heartbeat_ms.append((time.perf_counter() - t0) * 1000)
     calibrate, node.calibrate_requested = node.calibrate_requested, False
@@ -150,7 +144,8 @@ def _handle(
     for command in commands:
         if isinstance(command, NodeReply):
             stop = command.stop
-    pending = {a: f for a, f in ends.items() if f is not None and not f.done()}
+    # not committed yet, or failed (never acknowledged: see _durable)
+    pending = {a: f for a, f in ends.items() if f is not None and not _durable(f)}
     if pending:
         ctl.unacked_ends[node.id] = pending
     return stop, ack, ends

@@ -21,6 +21,7 @@ from hopsmgr.config import parse_cluster_config
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
+from hopsmgr.core.plan import Plan, SolverStats
 from hopsmgr.forecast.future import Future, FutureOptions, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
@@ -156,7 +157,7 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
     assert runs == {0.5: 2, 2.5: 2, 3.0: 3, 4.9: 4}
 
 
-def test_futures_plan_with_the_hops_planner_until_its_plans_have_taken_their_allowance(
+def test_futures_plan_with_the_hops_planner_while_its_allowance_holds_another_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sim = started(2.0)
@@ -182,10 +183,22 @@ def test_futures_plan_with_the_hops_planner_until_its_plans_have_taken_their_all
     greedy = future(0.0)
     assert isinstance(greedy.policy, ForecastPolicy) and greedy.policy.exact_made == 0 and not limits
     exact = future(0.25)
-    assert isinstance(exact.policy, ForecastPolicy) and exact.policy.exact_made == 3  # 0.1 + 0.1 + 0.1
+    # a plan is begun only while what is left (0.25, 0.15, 0.05) is at least what the last took (0.1)
+    assert isinstance(exact.policy, ForecastPolicy) and exact.policy.exact_made == 2
     # each solve within what is left of the allowance (and never past the master's own limit)
-    assert limits == pytest.approx([0.25, 0.15, 0.05])
+    assert limits == pytest.approx([0.25, 0.15])
     assert {"j1", "j2"} <= set(exact.started) & set(greedy.started)  # both started the waiting jobs
+
+    # a plan the planner could not finish in time (a fallback that places nothing) is not used: the
+    # greedy plan takes its place, and the rest of that future plans greedily
+    def late(self: HopsPolicy, snapshot: Any, *args: Any) -> Plan:
+        clock[0] += 0.01
+        return Plan("first", snapshot.now, {}, stats=SolverStats(method="none", fallback="deadline"))
+
+    monkeypatch.setattr(HopsPolicy, "plan", late)
+    fell_back = future(10.0)
+    assert isinstance(fell_back.policy, ForecastPolicy) and fell_back.policy.exact_made == 1
+    assert fell_back.started == greedy.started  # as if it had planned greedily from the start
 
 
 def test_the_forecast_modules_are_pure() -> None:

@@ -27,7 +27,10 @@ from hopsmgr.master.planner_process import LoggedEstimator, decode_update
 from hopsmgr.sim.engine import Simulation
 from tests.forecast.test_forecast import CLUSTER, started
 
-SETTINGS = ForecastSettings(min_futures=2, max_futures=2, future=FutureOptions(sigma=0.0, arrivals=False))
+# greedy plans only (exact_s=0): forecasts compared for equality must not depend on the wall clock
+SETTINGS = ForecastSettings(
+    min_futures=2, max_futures=2, future=FutureOptions(sigma=0.0, arrivals=False, exact_s=0.0)
+)
 
 
 def logged(sim: Simulation) -> LoggedEstimator:

@@ -18,7 +18,7 @@ from hopsmgr.core.model import Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master import heartbeats
 from hopsmgr.master.controller import Controller, Principal
-from hopsmgr.master.store import Store
+from hopsmgr.master.store import Store, StoreError
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, RunningAttempt, parse_submission
 from tests.control.test_drivers import NoExecutor
@@ -78,7 +78,7 @@ def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_b
     store.close()
 
 
-def test_a_stop_not_yet_durable_is_left_to_a_beat_the_agent_is_asked_to_make_soon(tmp_path: Path) -> None:
+def test_a_stop_waits_for_the_writes_before_its_beat_and_not_for_the_beats_own(tmp_path: Path) -> None:
     config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
     store = Store(tmp_path / "state.db")
     ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
@@ -93,15 +93,47 @@ def test_a_stop_not_yet_durable_is_left_to_a_beat_the_agent_is_asked_to_make_soo
         heartbeats.answer(ctl, beat())
         await ctl.settled()
         gate = threading.Event()
-        ctl.store_ops([lambda _: gate.wait(10)])  # the writer is busy: the decision to stop is not durable
+        ctl.store_ops([lambda _: gate.wait(10)])  # a write made before the beat is not committed yet
         held = heartbeats.answer(ctl, stray)
-        assert (
-            held.stop == () and held.interval_s == heartbeats.STOP_RETRY_S < ctl.settings.heartbeat_interval_s
-        )
+        assert held.stop == ()
         gate.set()
         await ctl.settled()
-        named = heartbeats.answer(ctl, stray)  # the agent beats again soon: the stop is named now
-        assert named.stop == ("a-stray",) and named.interval_s == ctl.settings.heartbeat_interval_s
+        named = heartbeats.answer(ctl, stray)  # the next beat names it
+        assert named.stop == ("a-stray",)
+        # a beat that writes records of its own (here the node's new work directory) still names the
+        # stop at once: its own writes are not what the stop was decided on
+        moved = replace(stray, workdir="/tmp/hopsmgr-elsewhere")
+        assert heartbeats.answer(ctl, moved).stop == ("a-stray",)
+        assert ctl.last_write is not None and not ctl.last_write.done()  # it did write, not committed yet
+        await ctl.settled()
+        ctl.close_writer()
+
+    asyncio.run(scenario())
+    store.close()
+
+
+def test_an_end_whose_write_failed_is_never_acknowledged(tmp_path: Path) -> None:
+    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
+    ctl.open(str(tmp_path / "checkpoints"))
+    ended = FinishedAttempt("a-lost", "j-lost", 0)
+
+    async def scenario() -> None:
+        ctl.start_writer()
+        ctl.on_command = lambda c: None
+        heartbeats.answer(ctl, beat())
+        await ctl.settled()
+        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        failed.set_exception(StoreError("disk full"))
+        ctl.unacked_ends["n1"] = {"a-lost": failed}  # its end was handled; the write of it failed
+        for _ in range(3):  # reported again and again: never acknowledged, nor handled twice
+            reply = heartbeats.answer(ctl, beat((ended,)))
+            assert reply.ack == ()
+            assert ctl.unacked_ends["n1"] == {"a-lost": failed}
+        assert heartbeats.answer(ctl, beat()).ack == ()  # no longer reported: forgotten
+        assert "n1" not in ctl.unacked_ends
+        await ctl.settled()
         ctl.close_writer()
 
     asyncio.run(scenario())

@@ -263,6 +263,11 @@ class Future(Simulation):
         if change.new in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
             self.open.discard(change.job_id)
 
+    @property
+    def planner_fell_back(self) -> bool:
+        """A plan of the Hops planner in this future came too late and was replaced (policy.py)."""
+        return isinstance(self.policy, ForecastPolicy) and self.policy.exact_fell_back
+
     def go(self, only: str | None = None) -> None:
         """Run until every live job ended, or (`only`) until that one has."""
         # first a fragment plan now, as the live machine asks for one when work waits beside idle GPUs

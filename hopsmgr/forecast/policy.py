@@ -6,7 +6,7 @@ master's settings) until they have taken `exact_s` of wall time in all, each sol
 left, and one begun only while what is left is at least what the last one took: the near future,
 where short waits are decided, as the master would plan it. A plan where the planner could not answer
 in time (its stats name a fallback) is replaced by the greedy plan, which the future keeps to from
-then on. A forecast plans
+then on (and so do the forecast's later futures: hopsmgr.forecast.run). A forecast plans
 every simulated round, so it cannot afford the program all the way (about a second for 1,000 jobs on
 512 GPUs). Past that, this policy takes the queue as the Hops planner takes it
 (hopsmgr.core.planner.queue_order: the same priority values, fair-share factors, and the jobs owed
@@ -82,6 +82,7 @@ class ForecastPolicy:
         self.exact_last = 0.0  # how long the last of them took
         self.clock = clock
         self.exact_made = 0
+        self.exact_fell_back = False
         self.round_seconds = settings.round_seconds
         self.keep_bonus = keep_bonus
         # fixed_rates (a future: its estimator learns nothing and its servers stay): each job's seconds
@@ -108,6 +109,7 @@ class ForecastPolicy:
             # the planner could not answer within what was left (a large cluster, a loaded machine): its
             # fallback can place far less than the greedy plan below, which this future uses from now on
             self.exact_left = 0.0
+            self.exact_fell_back = True
         t0 = timer()
         capacity = usable_capacity(snapshot)
         by_type = servers_by_type(snapshot, capacity)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.forecast.future import WAITING, Future, FutureOptions, JobForecast, LiveState, quantile
@@ -39,6 +39,7 @@ def forecast(
     finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     runs = 0
     longest = 0.0  # the longest future so far
+    options = settings.future
     while runs < settings.max_futures:
         begun = timer()
         elapsed = begun - t0
@@ -46,10 +47,10 @@ def forecast(
             elapsed >= settings.budget_s or elapsed + longest > settings.budget_s
         ):
             break
-        future = Future(
-            live, settings.seed + runs, settings.future, Estimator.from_state(live.estimator), timer
-        )
+        future = Future(live, settings.seed + runs, options, Estimator.from_state(live.estimator), timer)
         future.go(only)
+        if future.planner_fell_back:  # the planner cannot answer in time here: the next futures don't ask
+            options = replace(options, exact_s=0.0)
         runs += 1
         longest = max(longest, timer() - begun)
         for job_id in future.forecastable if only is None else future.forecastable & {only}:

@@ -191,7 +191,10 @@ def test_futures_plan_with_the_hops_planner_while_its_allowance_holds_another_pl
 
     # a plan the planner could not finish in time (a fallback that places nothing) is not used: the
     # greedy plan takes its place, and the rest of that future plans greedily
+    late_calls: list[float] = []
+
     def late(self: HopsPolicy, snapshot: Any, *args: Any) -> Plan:
+        late_calls.append(snapshot.now)
         clock[0] += 0.01
         return Plan("first", snapshot.now, {}, stats=SolverStats(method="none", fallback="deadline"))
 
@@ -199,6 +202,12 @@ def test_futures_plan_with_the_hops_planner_while_its_allowance_holds_another_pl
     fell_back = future(10.0)
     assert isinstance(fell_back.policy, ForecastPolicy) and fell_back.policy.exact_made == 1
     assert fell_back.started == greedy.started  # as if it had planned greedily from the start
+    assert fell_back.planner_fell_back and not greedy.planner_fell_back
+    # and a forecast's later futures do not ask the planner again
+    late_calls.clear()
+    three = replace(EXACT, min_futures=3, max_futures=3, future=replace(GREEDY, exact_s=10.0))
+    assert forecast(live, three, lambda: clock[0])["j2"].futures == 3
+    assert len(late_calls) == 1  # the first future's first plan only
 
 
 def test_the_forecast_modules_are_pure() -> None:

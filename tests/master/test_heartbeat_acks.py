@@ -26,6 +26,15 @@ from tests.control.test_drivers import NoExecutor
 PROFILE = {"tf_s": 0.01, "tb_s": 0.02, "tu_s": 0.005, "td_s": 0.004, "samples_per_s": 100.0, "iterations": 20}
 
 
+def controller(tmp_path: Path) -> tuple[Controller, Store]:
+    """A controller of one 2-GPU node over a real store (its writer is started by each scenario)."""
+    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
+    ctl.open(str(tmp_path / "checkpoints"))
+    return ctl, store
+
+
 def beat(finished: tuple[FinishedAttempt, ...] = ()) -> Heartbeat:
     return Heartbeat("n1", "v100", 2, "emulated", "/tmp/hopsmgr-test", finished=finished)
 
@@ -33,10 +42,7 @@ def beat(finished: tuple[FinishedAttempt, ...] = ()) -> Heartbeat:
 def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_busy_writer(
     tmp_path: Path,
 ) -> None:
-    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
-    store = Store(tmp_path / "state.db")
-    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
-    ctl.open(str(tmp_path / "checkpoints"))
+    ctl, store = controller(tmp_path)
     sub = parse_submission(
         {"command": ["python", "train.py"], "gpus": [1], "batch_size": 8, "iterations": 10}
     )
@@ -79,10 +85,7 @@ def test_an_end_is_acknowledged_once_committed_without_the_reply_waiting_for_a_b
 
 
 def test_a_stop_waits_for_the_writes_before_its_beat_and_not_for_the_beats_own(tmp_path: Path) -> None:
-    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
-    store = Store(tmp_path / "state.db")
-    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
-    ctl.open(str(tmp_path / "checkpoints"))
+    ctl, store = controller(tmp_path)
     stray = Heartbeat(
         "n1", "v100", 2, "emulated", "/tmp/hopsmgr-test", running=(RunningAttempt("a-stray", "j-gone"),)
     )
@@ -113,10 +116,7 @@ def test_a_stop_waits_for_the_writes_before_its_beat_and_not_for_the_beats_own(t
 
 
 def test_an_end_whose_write_failed_is_never_acknowledged(tmp_path: Path) -> None:
-    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
-    store = Store(tmp_path / "state.db")
-    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
-    ctl.open(str(tmp_path / "checkpoints"))
+    ctl, store = controller(tmp_path)
     ended = FinishedAttempt("a-lost", "j-lost", 0)
 
     async def scenario() -> None:
@@ -143,10 +143,7 @@ def test_an_end_whose_write_failed_is_never_acknowledged(tmp_path: Path) -> None
 def test_a_beat_with_the_same_calibration_keeps_the_nodes_server_view(tmp_path: Path) -> None:
     # a new but equal calibration each beat would make a new planning view of the server each beat: a
     # thousand objects every heartbeat interval for the garbage collector to walk at 1,000 nodes
-    config = ClusterConfig("acks", (Server("n1", "v100", 2),), SchedulerSettings(), ())
-    store = Store(tmp_path / "state.db")
-    ctl = Controller(config, store, NoExecutor(), clock=time.time)  # type: ignore[arg-type]
-    ctl.open(str(tmp_path / "checkpoints"))
+    ctl, store = controller(tmp_path)
 
     def calibrated(factor: float) -> Heartbeat:
         cal = {"compute_factor": factor, "memory_factor": 0.9}

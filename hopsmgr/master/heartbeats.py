@@ -8,8 +8,9 @@ ended attempt only once its end is committed and names attempts to stop only onc
 it is, without waiting for the store writer: what is not yet durable is left to a later reply (the
 agent reports an ended attempt until it is acknowledged, and the machine names a stop in every reply
 while the node still runs the attempt), so a heartbeat never waits behind a write, nor yields the loop
-to other work while it is being answered. An end whose write failed is never acknowledged. `check_health` is the machine's HealthTick; commands that could not
-reach a node become NodeCommandFailed.
+to other work while it is being answered. An end whose write failed is never acknowledged.
+`check_health` is the machine's HealthTick; commands that could not reach a node become
+NodeCommandFailed.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ A heartbeat updates the node's own record (work directory, calibration, device m
 machine a `NodeBeat`, an `AttemptEnded` for every attempt the agent reports finished, and a
 `NodeReported` with what still runs (the machine adopts, follows, resends stops, and ends attempts the
 node no longer runs, and names what the agent must stop). `answer` gives the reply: it acknowledges an
-ended attempt only once its end is committed and names attempts to stop only once every write before
-it is, without waiting for the store writer: what is not yet durable is left to a later reply (the
+ended attempt only once its end is committed and names attempts to stop only once every write made
+before the beat is, without waiting for the store writer: what is not yet durable is left to a later reply (the
 agent reports an ended attempt until it is acknowledged, and the machine names a stop in every reply
 while the node still runs the attempt), so a heartbeat never waits behind a write, nor yields the loop
 to other work while it is being answered. An end whose write failed is never acknowledged.

@@ -3,12 +3,16 @@
 The master runs unchanged as a child process (this script with `--serve`) except for its executor,
 `AcceptingExecutor`, which accepts every launch at once and answers checkpoint/stop without acting.
 Only the nodes are emulated: no agent, job wrapper or job process runs. Each configured server is an
-emulated agent (a coroutine here) that beats like hopsmgr_agent (every interval_s +-10 %). The nodes
-learn of placements from a poll of GET /api/v1/nodes (--poll-seconds); profiling attempts then report
-a fixed profile ~2 s later, run attempts report growing progress and exit 0 after 20-120 s. Attempts
-in a reply's `stop` list are dropped; acknowledged finished attempts are not reported again. Caveats:
-the poll is load on the master that real agents do not cause, and a node that learns of a launch late
-(a slow poll) can make the master end the attempt as "vanished" (see attempts_vanished).
+emulated agent (a coroutine here) that beats like hopsmgr_agent (every interval_s +-10 %). A node
+learns of a launch the way a real one does, when the master's executor launches it: the accepting
+executor writes one line per launch to a Unix socket this process listens on (`--learn push`, the
+default; it costs the master a small write per launch, where the SSH executor costs more). With
+`--learn poll` the nodes instead poll GET /api/v1/nodes (--poll-seconds), as this benchmark did until
+2026-12-03: load on the master (1,000 nodes encoded every 2 s) and on this process that real agents
+do not cause, and a node that learns of a launch late can make the master end the attempt as
+"vanished" (see attempts_vanished). Profiling attempts then report a fixed profile ~2 s later, run
+attempts report growing progress and exit 0 after 20-120 s. Attempts in a reply's `stop` list are
+dropped; acknowledged finished attempts are not reported again.
 
 Phase 1 submits --jobs jobs (admin token, tenants round-robin), --concurrency requests in flight.
 Phase 2 runs the agents for --duration seconds while a prober reads the API at ~20 requests/s.
@@ -57,8 +61,17 @@ class AcceptingExecutor:
 
     name = "bench-accept"
 
+    def __init__(self, launches: str = "") -> None:
+        self.launches = launches  # the bench's Unix socket, told of each launch ("": not told)
+        self.writer: asyncio.StreamWriter | None = None
+
     async def launch(self, target: NodeTarget, order: LaunchOrder) -> None:
-        return None
+        if not self.launches:
+            return
+        if self.writer is None or self.writer.is_closing():
+            self.writer = (await asyncio.open_unix_connection(self.launches))[1]
+        line = {"node": target.node, "attempt": order.attempt, "job": order.job}
+        self.writer.write(json.dumps({**line, "profiling": order.mode == "profile"}).encode() + b"\n")
 
     async def checkpoint(
         self,
@@ -98,7 +111,8 @@ def serve(config_path: str, state_dir: str) -> int:
     async def run() -> None:
         config = load_cluster_config(config_path)
         tune_gc()
-        master = MasterProcess(config, Path(state_dir), executor=AcceptingExecutor())
+        executor = AcceptingExecutor(os.environ.get("HOPS_BENCH_LAUNCHES", ""))
+        master = MasterProcess(config, Path(state_dir), executor=executor)
         await master.start()
         freeze_started_state()
         stopping = asyncio.Event()
@@ -143,11 +157,13 @@ def cluster_toml(agents: int, gpus: int, round_s: float) -> tuple[str, list[tupl
     return "\n".join(lines), servers, [t[0] for t in tenants]
 
 
-def start_master(workdir: Path, loopwatch_ms: float = 0.0) -> tuple[subprocess.Popen[bytes], str, str, str]:
+def start_master(
+    workdir: Path, loopwatch_ms: float = 0.0, launches: str = ""
+) -> tuple[subprocess.Popen[bytes], str, str, str]:
     state = workdir / "state"
     log = (workdir / "master.log").open("wb")
     cmd = [sys.executable, SCRIPT, "--serve", str(workdir / "cluster.toml"), str(state)]
-    env = {**os.environ, "HOPS_LOOPWATCH_MS": str(loopwatch_ms)} if loopwatch_ms else None
+    env = {**os.environ, "HOPS_LOOPWATCH_MS": str(loopwatch_ms), "HOPS_BENCH_LAUNCHES": launches}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 120
     url = ""
@@ -291,7 +307,19 @@ class Load:
             end = now + random.Random(f"{self.seed}/{aid}").uniform(20.0, 120.0)
         node.attempts[aid] = Attempt(item["job"], bool(item.get("profiling")), now, end)
 
+    async def told(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The master's launches, a JSON line each (--learn push), until the master closes the socket."""
+        with contextlib.suppress(asyncio.CancelledError):  # the bench ended before the master's close
+            while line := await reader.readline():
+                item = json.loads(line)
+                node = self.nodes.get(item["node"])
+                if node is not None:
+                    self.known(node, item, time.time())
+        writer.close()
+
     async def poller(self, session: aiohttp.ClientSession) -> None:
+        if self.poll_s <= 0:  # the nodes are told of launches instead
+            return
         while time.monotonic() < self.deadline:
             t0 = time.monotonic()
             reply = await request(session, self.c, "nodes_poll", "GET", f"{self.url}/api/v1/nodes")
@@ -449,8 +477,17 @@ def stop_master(proc: subprocess.Popen[bytes]) -> int:
 async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     text, servers, tenants = cluster_toml(args.agents, args.gpus_per_node, args.round_seconds)
     (workdir / "cluster.toml").write_text(text)
-    proc, url, admin, cluster = start_master(workdir, args.loopwatch_ms)
     c = Counters()
+    load = Load("", "", "", [Node(s, t, args.gpus_per_node) for s, t in servers], args.seed, c)
+    launches = ""
+    listening: asyncio.Server | None = None
+    if args.learn == "push":
+        launches = str(workdir / "launches.sock")
+        listening = await asyncio.start_unix_server(load.told, launches)
+    proc, url, admin, cluster = start_master(workdir, args.loopwatch_ms, launches)
+    load.url, load.admin = url, {"Authorization": f"Bearer {admin}"}
+    load.cluster = {"Authorization": f"Bearer {cluster}"}
+    load.poll_s = args.poll_seconds if args.learn == "poll" else 0.0
     try:
         print(f"master pid {proc.pid} at {url}; submitting {args.jobs} jobs", flush=True)
         t0 = time.perf_counter()
@@ -458,8 +495,6 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         submit_wall = time.perf_counter() - t0
         print(f"submitted {len(ids)} in {submit_wall:.1f}s; {args.agents} agents for {args.duration}s")
         before = metric(str(await fetch(url, admin, "/metrics", c)), "hopsmgr_round_seconds_count") or 0
-        load = Load(url, admin, cluster, [Node(s, t, args.gpus_per_node) for s, t in servers], args.seed, c)
-        load.poll_s = args.poll_seconds
         if args.loopwatch_ms:
             proc.send_signal(signal.SIGUSR1)  # count the event loop's blocks of phase 2 only
         cpu0, mine0, w0 = proc_cpu_s(proc.pid), time.process_time(), time.perf_counter()
@@ -472,10 +507,21 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         rss_peak, rss_now = proc_status_mb(proc.pid, "VmHWM"), proc_status_mb(proc.pid, "VmRSS")
     finally:
         code = stop_master(proc)
+        if listening is not None:
+            listening.close()
     state = state if isinstance(state, dict) else {}
     last = state.get("last_round") or {}
     lat, errors = c.lat, c.errors
-    options = ("agents", "gpus_per_node", "jobs", "duration", "concurrency", "round_seconds", "poll_seconds")
+    options = (
+        "agents",
+        "gpus_per_node",
+        "jobs",
+        "duration",
+        "concurrency",
+        "round_seconds",
+        "learn",
+        "poll_seconds",
+    )
     result: dict[str, Any] = {k: getattr(args, k) for k in (*options, "seed")}
     result.update(
         gpus=args.agents * args.gpus_per_node,
@@ -538,7 +584,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="submissions in flight")
     parser.add_argument("--round-seconds", type=float, default=30.0)
     parser.add_argument("--gpus-per-node", type=int, default=4)
-    parser.add_argument("--poll-seconds", type=float, default=2.0, help="GET /api/v1/nodes period")
+    parser.add_argument(
+        "--learn",
+        choices=("push", "poll"),
+        default="push",
+        help="how the nodes learn of launches: told by the executor, or by polling GET /api/v1/nodes",
+    )
+    parser.add_argument(
+        "--poll-seconds", type=float, default=2.0, help="GET /api/v1/nodes period (--learn poll)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write the flat result object here")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (config, state, log)")

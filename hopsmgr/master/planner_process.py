@@ -99,7 +99,9 @@ class LoggedEstimator(Estimator):
         return updates
 
 
-Interned = dict[tuple[str, str], Any]  # ("spec", job id) or ("server", server id) -> the object
+# "spec" -> {job id: spec}, "server" -> {server id: server}: string keys only, so a request at 10,000
+# jobs adds two dicts, not 10,000 key tuples, to what the collector walks while it is kept
+Interned = dict[str, dict[str, Any]]
 _VIEW_FIELDS = tuple(f.name for f in fields(JobView))
 assert _VIEW_FIELDS[0] == "spec"
 # JobView's number fields, sent as arrays ("d": float, "q": int); the others as lists
@@ -108,25 +110,22 @@ _NUMERIC = {f.name: "q" if f.type == "int" else "d" for f in fields(JobView) if 
 
 def interned(request: PlanRequest) -> Interned:
     """The specs and servers of `request`: what both sides keep for the next request."""
-    table: Interned = {("server", s.id): s for s in request.snapshot.servers}
-    for view in request.snapshot.jobs:
-        table["spec", view.spec.id] = view.spec
-    for spec in request.to_profile:
-        table["spec", spec.id] = spec
-    return table
+    specs = {view.spec.id: view.spec for view in request.snapshot.jobs}
+    specs.update((spec.id, spec) for spec in request.to_profile)
+    return {"server": {s.id: s for s in request.snapshot.servers}, "spec": specs}
 
 
 def _ref(kind: str, obj: Any, known: Interned) -> Any:
     """`obj`'s id if the worker holds this very object, else the object."""
     key = obj.id
-    return key if known.get((kind, key)) is obj else obj
+    return key if known.get(kind, {}).get(key) is obj else obj
 
 
 def _deref(kind: str, value: Any, known: Interned) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return known[kind, value]
+        return known[kind][value]
     except KeyError:
         raise ValueError(f"the planner worker holds no {kind} {value!r}") from None
 

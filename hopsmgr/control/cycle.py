@@ -19,7 +19,7 @@ from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import ContinuePlan, PlanRequest, UsageRecord
 from hopsmgr.control.events import PlanReady, RoundTick
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import ClusterSnapshot, JobSpec
+from hopsmgr.core.model import ClusterSnapshot, JobSpec, JobView
 from hopsmgr.core.plan import Plan
 from hopsmgr.core.program import protected
 
@@ -38,7 +38,8 @@ def on_round_tick(m: SchedulerMachine, event: RoundTick) -> None:
 @dataclass(slots=True)
 class RequestUnderWay:
     """A plan request being prepared in steps (ControlSettings.request_slice): the tenants are charged,
-    the jobs that want profiling gathered `request_slice` at a time, then the snapshot built."""
+    the jobs that want profiling gathered `request_slice` at a time, the waiting jobs' views built
+    `request_slice` at a time, then the snapshot (taking those views whose jobs did not change)."""
 
     kind: str
     charge_over: list[str]  # the open attempts as the request started
@@ -47,6 +48,9 @@ class RequestUnderWay:
     at: int = 0
     to_profile: list[JobSpec] = field(default_factory=list)
     starving: list[str] = field(default_factory=list)
+    view_over: list[str] | None = None  # the live jobs as the views' slices began
+    viewed: int = 0  # jobs of view_over whose views were built (or skipped) so far
+    prebuilt: dict[str, JobView] = field(default_factory=dict)
 
 
 def request_plan(m: SchedulerMachine, kind: str) -> None:
@@ -64,9 +68,10 @@ CHARGES_PER_JOB_SLICE = 0.1
 
 def continue_request(m: SchedulerMachine) -> None:
     """The next step of the request under way: a slice of the charges, then of the profiling pass,
-    then the snapshot and the PlanRequest. Between two steps the driver serves other events: an attempt
-    that ended meanwhile was charged at its end, and a job gathered in an earlier step may have ended
-    (the plan's actions are checked against the state when they are applied)."""
+    then of the waiting jobs' views, then the snapshot and the PlanRequest. Between two steps the
+    driver serves other events: an attempt that ended meanwhile was charged at its end, a job gathered
+    in an earlier step may have ended (the plan's actions are checked against the state when they are
+    applied), and a view built earlier is used only if its job still waits unchanged."""
     work = m.preparing
     if work is None:
         return
@@ -91,6 +96,15 @@ def continue_request(m: SchedulerMachine) -> None:
         if sliced and work.at < len(work.pass_over):
             m.emit(ContinuePlan(m.stimulus))
             return
+    if sliced and (work.view_over is not None or len(m.state.jobs) > sliced):
+        if work.view_over is None:  # more jobs than a slice: their views too are built in slices
+            work.view_over = list(m.state.jobs)
+        if work.viewed < len(work.view_over):
+            chunk = work.view_over[work.viewed : work.viewed + sliced]
+            work.viewed += len(chunk)
+            views.prebuild_waiting(m.state, m.now, chunk, work.prebuilt)
+            m.emit(ContinuePlan(m.stimulus))  # the snapshot in a step of its own
+            return
     m.preparing = None
     _emit_request(m, work)
 
@@ -98,7 +112,9 @@ def continue_request(m: SchedulerMachine) -> None:
 def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
     s = m.settings
     state = m.state
-    snapshot = views.build_snapshot(state, m.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h)
+    snapshot = views.build_snapshot(
+        state, m.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h, work.prebuilt
+    )
     if work.kind == "first":
         waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))
         # a job kept in place only by its minimum attempt length may be moved once that has passed

@@ -147,6 +147,8 @@ class ControlState:
     # stops end (ControlState.held), kept as attempts open, change and end
     claimed_now: dict[ServerId, int] = field(default_factory=dict, repr=False, compare=False)
     claimed_after: dict[ServerId, int] = field(default_factory=dict, repr=False, compare=False)
+    # GPUs of the open profiling attempts (launched or not), kept as attempts open, change and end
+    profiling_gpus: int = field(default=0, repr=False, compare=False)
 
     def add_job(self, job: Job) -> None:
         self.jobs[job.id] = job
@@ -248,6 +250,12 @@ class ControlState:
                 self.claimed_now[sid] = self.claimed_now.get(sid, 0) + sign * g
             if after_too:
                 self.claimed_after[sid] = self.claimed_after.get(sid, 0) + sign * g
+            if attempt.profiling:
+                self.profiling_gpus += sign * g
+
+    def profiling_gpus_recount(self) -> int:
+        """`profiling_gpus` counted afresh (tests compare the two)."""
+        return sum(a.placement.gpus for a in self.attempts.values() if a.profiling)
 
     def occupied(self) -> dict[ServerId, int]:
         """GPUs in use per node right now: launched attempts only."""

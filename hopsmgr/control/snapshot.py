@@ -105,9 +105,56 @@ def job_view(job: Job, state: ControlState, now: float) -> JobView:
     )
 
 
+def prebuild_waiting(state: ControlState, now: float, job_ids: list[str], into: dict[str, JobView]) -> None:
+    """The views of those of `job_ids` that wait with no attempt (the bulk of a snapshot at scale), as
+    of `now`, into `into`: a plan request builds them in slices between other events, and
+    `build_snapshot` takes each one whose job has not changed since (`_still`)."""
+    jobs, queued = state.jobs, JobState.QUEUED
+    for job_id in job_ids:
+        job = jobs.get(job_id)
+        if job is None or job.profiling or job.state != queued:
+            continue
+        if job.attempt is not None or job.moving_to is not None or job.spec.after:
+            continue  # built afresh at the end (--after: whether it still waits is asked then)
+        into[job_id] = _waiting_view(job, now)
+
+
+def _waiting_view(job: Job, now: float) -> JobView:
+    return JobView(
+        job.spec,
+        job.done_samples,
+        max(0.0, now - job.submitted - job.running_s),
+        job.attained_gpu_s,
+        job.running_s,
+        None,
+        0.0,
+        job.restarts,
+    )
+
+
+def _still(view: JobView, job: Job) -> bool:
+    """Whether `view`, built earlier for `job` while it waited with no attempt, still describes it
+    (an attempt that began and ended in between changed its counters)."""
+    return (
+        view.spec is job.spec
+        and view.done_samples == job.done_samples
+        and view.running_s == job.running_s
+        and view.attained_gpu_s == job.attained_gpu_s
+        and view.restarts == job.restarts
+    )
+
+
 def build_snapshot(
-    state: ControlState, now: float, backoff_s: float, half_life_h: float = 24.0
+    state: ControlState,
+    now: float,
+    backoff_s: float,
+    half_life_h: float = 24.0,
+    prebuilt: dict[str, JobView] | None = None,
 ) -> ClusterSnapshot:
+    """The planner's view of the cluster at `now`. `prebuilt`: waiting jobs' views built a little
+    earlier in the same request (`prebuild_waiting`); each is used while its job still waits unchanged
+    (its wait then counts to when its slice was built: short by the time the driver took between the
+    steps, milliseconds in the master, none in the simulator), else the job's view is built here."""
     views: list[JobView] = []
     current = current_placements(state)
     pinned = pinned_placements(state, current)
@@ -116,25 +163,20 @@ def build_snapshot(
         for sid, g in config.parts:
             capacity[sid] = max(0, capacity.get(sid, 0) - g)
     planned = (JobState.QUEUED, *PLACED)
+    ready = prebuilt or {}
+    queued = JobState.QUEUED
     for job in state.jobs.values():
         if job.profiling or job.state not in planned:
             continue
         if job.attempt is None and job.moving_to is None:
             # the common case at scale, a job waiting with no attempt: its view without the lookups
-            if job.state == JobState.QUEUED and job.spec.after and state.waits_for(job):  # --after
+            view = ready.get(job.id)
+            if view is not None and job.state == queued and _still(view, job):
+                views.append(view)
                 continue
-            views.append(
-                JobView(
-                    job.spec,
-                    job.done_samples,
-                    max(0.0, now - job.submitted - job.running_s),
-                    job.attained_gpu_s,
-                    job.running_s,
-                    None,
-                    0.0,
-                    job.restarts,
-                )
-            )
+            if job.state == queued and job.spec.after and state.waits_for(job):  # --after
+                continue
+            views.append(_waiting_view(job, now))
             continue
         if job.spec.id in pinned:
             continue
@@ -174,6 +216,6 @@ def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:
 def profiling_budget(state: ControlState, share: float) -> int:
     """[ours] GPUs profiling runs may take now: `share` of the cluster (and at least one job's runs,
     one per GPU type), so a burst of new jobs cannot keep queued work off the GPUs."""
-    running = sum(a.placement.gpus for a in state.attempts.values() if a.profiling)
+    running = state.profiling_gpus
     types = len(state.gpu_types)
     return max(0, max(types, int(state.total_gpus * share)) - running)

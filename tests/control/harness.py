@@ -105,6 +105,7 @@ class Harness:
     def check(self) -> None:
         state = self.machine.state
         assert state.held() == state.held_recount(), (state.held(), state.held_recount())
+        assert state.profiling_gpus == state.profiling_gpus_recount()
         for sid, n in state.held().items():
             assert n <= state.nodes[sid].server.gpus, f"{sid} claimed {n} GPUs"
         devices = Counter(

@@ -1,13 +1,17 @@
 """A plan applied in slices (ControlSettings.plan_slice, as the master applies it so that a plan of a
 thousand launches does not hold up its heartbeats): with nothing in between it makes exactly the
 decisions of a plan applied at once; what happens between two slices is respected (a cancelled job
-is not launched, a lost node gets no new work, a stop that ended is not waited for), and no other
-plan starts before the last slice."""
+is not launched, a lost node gets no new work, a stop that ended is not waited for, a waiting job's
+view built in an earlier slice is not used once the job changed), and no other plan starts before
+the last slice."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
+from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     CheckpointAndStop,
     Command,
@@ -30,7 +34,7 @@ from hopsmgr.control.events import (
 )
 from hopsmgr.control.machine import ControlSettings
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import Config
+from hopsmgr.core.model import Config, JobView
 from hopsmgr.core.plan import Plan
 from tests.control.harness import PROFILE, SERVERS, Harness, spec
 
@@ -225,4 +229,33 @@ def test_a_first_plan_is_asked_for_when_a_protected_job_becomes_movable() -> Non
     assert h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # movable now
     h.now += 60.0
     assert not h.of(PlanRequest, h.feed(RoundTick(h.stimulus(), "first")))  # and once is enough
+    h.close()
+
+
+def test_views_built_between_slices_are_used_only_while_their_jobs_wait_unchanged() -> None:
+    """A request in steps builds the waiting jobs' views a slice at a time; the snapshot takes each
+    one whose job still waits as it was, and builds afresh the view of a job that changed meanwhile
+    (here: an attempt began and ended, so it ran and restarted) or started."""
+    h = Harness()
+    busy(h, jobs=16)  # 10 GPUs: some jobs run, the rest wait
+    state = h.machine.state
+    waiting = [j.id for j in state.jobs.values() if j.state == JobState.QUEUED and j.attempt is None]
+    running = next(j for j in state.jobs.values() if j.attempt is not None)
+    assert len(waiting) >= 3
+    prebuilt: dict[str, JobView] = {}
+    views.prebuild_waiting(state, h.now, [*waiting, running.id], prebuilt)
+    assert sorted(prebuilt) == sorted(waiting)  # a running job's view is not built ahead
+    changed = state.jobs[waiting[0]]
+    changed.running_s, changed.restarts = changed.running_s + 60.0, changed.restarts + 1
+    later = h.now + 5.0
+    snap = views.build_snapshot(state, later, 0.0, prebuilt=prebuilt)
+    fresh = views.build_snapshot(state, later, 0.0)
+    by_id = {v.id: v for v in snap.jobs}
+    assert [v.id for v in snap.jobs] == [v.id for v in fresh.jobs]  # the same jobs, in the same order
+    assert by_id[changed.id] == {v.id: v for v in fresh.jobs}[changed.id]  # built afresh
+    assert by_id[changed.id].restarts == changed.restarts
+    for job_id in waiting[1:]:
+        assert by_id[job_id] is prebuilt[job_id]
+        assert by_id[job_id].waited_s == pytest.approx({v.id: v for v in fresh.jobs}[job_id].waited_s - 5.0)
+    assert by_id[running.id].current is not None
     h.close()

@@ -95,6 +95,7 @@ class InProcessCluster:
             attempts = [a for job_id in rows for a in ctl.store.attempts(job_id)]
             held = state.held()
             assert held == state.held_recount(), (held, state.held_recount())
+            assert state.profiling_gpus == state.profiling_gpus_recount()
             devices = Counter(
                 (sid, d) for a in state.attempts.values() for sid, ds in a.devices.items() for d in ds
             )

@@ -134,6 +134,11 @@ class CheckedSimulation(Simulation):
             self.violations.append(
                 f"t={self.now}: claims kept {state.held()}, counted {state.held_recount()}"
             )
+        if state.profiling_gpus != state.profiling_gpus_recount():
+            self.violations.append(
+                f"t={self.now}: profiling GPUs kept {state.profiling_gpus}, "
+                f"counted {state.profiling_gpus_recount()}"
+            )
         for sid, n in state.held().items():
             if n > self.by_id[sid].gpus:
                 self.violations.append(f"t={self.now}: {sid} claimed {n} GPUs")

@@ -46,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from hopsmgr.master.executor import ExitInfo, LaunchOrder, NodeTarget
+from hopsmgr.master.executor import ExecutorError, ExitInfo, LaunchOrder, NodeTarget
 
 GPU_TYPES = ("v100", "p100", "k80", "a100")
 REQUIREMENTS = ([1], [2], [1, 2, 4], [4], [8], [2, 4], [1, 2], [4, 8])
@@ -64,14 +64,19 @@ class AcceptingExecutor:
     def __init__(self, launches: str = "") -> None:
         self.launches = launches  # the bench's Unix socket, told of each launch ("": not told)
         self.writer: asyncio.StreamWriter | None = None
+        self.connecting = asyncio.Lock()  # launches run concurrently: one connection for all
 
     async def launch(self, target: NodeTarget, order: LaunchOrder) -> None:
         if not self.launches:
             return
-        if self.writer is None or self.writer.is_closing():
-            self.writer = (await asyncio.open_unix_connection(self.launches))[1]
-        line = {"node": target.node, "attempt": order.attempt, "job": order.job}
-        self.writer.write(json.dumps({**line, "profiling": order.mode == "profile"}).encode() + b"\n")
+        try:
+            async with self.connecting:
+                if self.writer is None or self.writer.is_closing():
+                    self.writer = (await asyncio.open_unix_connection(self.launches))[1]
+            line = {"node": target.node, "attempt": order.attempt, "job": order.job}
+            self.writer.write(json.dumps({**line, "profiling": order.mode == "profile"}).encode() + b"\n")
+        except OSError as exc:  # the benchmark is gone: a launch failure the master handles (and logs)
+            raise ExecutorError("unreachable", f"the benchmark's launch socket: {exc!r}") from exc
 
     async def checkpoint(
         self,
@@ -91,7 +96,8 @@ class AcceptingExecutor:
         return ""
 
     async def close(self) -> None:
-        return None
+        if self.writer is not None:
+            self.writer.close()
 
 
 def serve(config_path: str, state_dir: str) -> int:
@@ -309,13 +315,15 @@ class Load:
 
     async def told(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """The master's launches, a JSON line each (--learn push), until the master closes the socket."""
-        with contextlib.suppress(asyncio.CancelledError):  # the bench ended before the master's close
-            while line := await reader.readline():
-                item = json.loads(line)
-                node = self.nodes.get(item["node"])
-                if node is not None:
-                    self.known(node, item, time.time())
-        writer.close()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):  # the bench ended before the master's close
+                while line := await reader.readline():
+                    item = json.loads(line)
+                    node = self.nodes.get(item["node"])
+                    if node is not None:
+                        self.known(node, item, time.time())
+        finally:
+            writer.close()
 
     async def poller(self, session: aiohttp.ClientSession) -> None:
         if self.poll_s <= 0:  # the nodes are told of launches instead
@@ -484,7 +492,12 @@ async def bench(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     if args.learn == "push":
         launches = str(workdir / "launches.sock")
         listening = await asyncio.start_unix_server(load.told, launches)
-    proc, url, admin, cluster = start_master(workdir, args.loopwatch_ms, launches)
+    try:
+        proc, url, admin, cluster = start_master(workdir, args.loopwatch_ms, launches)
+    except BaseException:
+        if listening is not None:
+            listening.close()
+        raise
     load.url, load.admin = url, {"Authorization": f"Bearer {admin}"}
     load.cluster = {"Authorization": f"Bearer {cluster}"}
     load.poll_s = args.poll_seconds if args.learn == "poll" else 0.0

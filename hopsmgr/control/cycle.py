@@ -49,6 +49,7 @@ class RequestUnderWay:
     to_profile: list[JobSpec] = field(default_factory=list)
     starving: list[str] = field(default_factory=list)
     view_over: list[str] | None = None  # the live jobs as the views' slices began
+    views_at: float = 0.0  # when they began: every waiting job's wait is counted to then
     viewed: int = 0  # jobs of view_over whose views were built (or skipped) so far
     prebuilt: dict[str, JobView] = field(default_factory=dict)
 
@@ -98,11 +99,11 @@ def continue_request(m: SchedulerMachine) -> None:
             return
     if sliced and (work.view_over is not None or len(m.state.jobs) > sliced):
         if work.view_over is None:  # more jobs than a slice: their views too are built in slices
-            work.view_over = list(m.state.jobs)
+            work.view_over, work.views_at = list(m.state.jobs), m.now
         if work.viewed < len(work.view_over):
             chunk = work.view_over[work.viewed : work.viewed + sliced]
             work.viewed += len(chunk)
-            views.prebuild_waiting(m.state, m.now, chunk, work.prebuilt)
+            views.prebuild_waiting(m.state, work.views_at, chunk, work.prebuilt)
             m.emit(ContinuePlan(m.stimulus))  # the snapshot in a step of its own
             return
     m.preparing = None
@@ -113,7 +114,12 @@ def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
     s = m.settings
     state = m.state
     snapshot = views.build_snapshot(
-        state, m.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h, work.prebuilt
+        state,
+        m.now,
+        s.exec_error_backoff_s,
+        s.scheduler.fairshare_half_life_h,
+        work.prebuilt,
+        work.views_at if work.view_over is not None else None,
     )
     if work.kind == "first":
         waiting = bool(state.counts.get(JobState.PENDING) or state.counts.get(JobState.QUEUED))

@@ -65,8 +65,9 @@ class Job:
         }
 
 
-# The attempt fields that decide its claim on GPUs (ControlState.held keeps per-node counts of them).
-_CLAIM_FIELDS = frozenset({"placement", "launched", "stopping"})
+# The attempt fields that decide its claim on GPUs (ControlState.held keeps per-node counts of them,
+# ControlState.profiling_gpus the profiling attempts' GPUs).
+_CLAIM_FIELDS = frozenset({"placement", "launched", "stopping", "profiling"})
 
 
 @dataclass(slots=True)

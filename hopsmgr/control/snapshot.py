@@ -150,11 +150,13 @@ def build_snapshot(
     backoff_s: float,
     half_life_h: float = 24.0,
     prebuilt: dict[str, JobView] | None = None,
+    waits_at: float | None = None,
 ) -> ClusterSnapshot:
     """The planner's view of the cluster at `now`. `prebuilt`: waiting jobs' views built a little
-    earlier in the same request (`prebuild_waiting`); each is used while its job still waits unchanged
-    (its wait then counts to when its slice was built: short by the time the driver took between the
-    steps, milliseconds in the master, none in the simulator), else the job's view is built here."""
+    earlier in the same request (`prebuild_waiting`), each used while its job still waits unchanged,
+    else the job's view is built here. `waits_at` (default `now`): the instant the waits of jobs with
+    no attempt count to, the same for all of them (the master builds views in slices from then, a few
+    milliseconds before `now`; a job submitted since has waited 0)."""
     views: list[JobView] = []
     current = current_placements(state)
     pinned = pinned_placements(state, current)
@@ -165,6 +167,7 @@ def build_snapshot(
     planned = (JobState.QUEUED, *PLACED)
     ready = prebuilt or {}
     queued = JobState.QUEUED
+    waits_to = now if waits_at is None else waits_at
     for job in state.jobs.values():
         if job.profiling or job.state not in planned:
             continue
@@ -176,7 +179,7 @@ def build_snapshot(
                 continue
             if job.state == queued and job.spec.after and state.waits_for(job):  # --after
                 continue
-            views.append(_waiting_view(job, now))
+            views.append(_waiting_view(job, waits_to))
             continue
         if job.spec.id in pinned:
             continue

@@ -115,10 +115,10 @@ def interned(request: PlanRequest) -> Interned:
     return {"server": {s.id: s for s in request.snapshot.servers}, "spec": specs}
 
 
-def _ref(kind: str, obj: Any, known: Interned) -> Any:
-    """`obj`'s id if the worker holds this very object, else the object."""
+def _ref(held: dict[str, Any], obj: Any) -> Any:
+    """`obj`'s id if the worker holds this very object (`held`: those of its kind), else the object."""
     key = obj.id
-    return key if known.get(kind, {}).get(key) is obj else obj
+    return key if held.get(key) is obj else obj
 
 
 def _deref(kind: str, value: Any, known: Interned) -> Any:
@@ -137,13 +137,14 @@ def dumps_request(message: tuple[PlanRequest, Any, Any], known: Interned) -> byt
     request, *rest = message
     snap = request.snapshot
     jobs = snap.jobs
-    columns = [[_ref("spec", v.spec, known) for v in jobs]]
+    specs, servers_held = known.get("spec", {}), known.get("server", {})
+    columns = [[_ref(specs, v.spec) for v in jobs]]
     for name in _VIEW_FIELDS[1:]:
         values = [getattr(v, name) for v in jobs]
         kind = _NUMERIC.get(name)
         columns.append(array.array(kind, values) if kind else values)  # type: ignore[arg-type]
-    servers = [_ref("server", s, known) for s in snap.servers]
-    profile = [_ref("spec", s, known) for s in request.to_profile]
+    servers = [_ref(servers_held, s) for s in snap.servers]
+    profile = [_ref(specs, s) for s in request.to_profile]
     shell = replace(request, snapshot=replace(snap, jobs=(), servers=()), to_profile=())
     return pickle.dumps((shell, columns, servers, profile, *rest), protocol=pickle.HIGHEST_PROTOCOL)
 

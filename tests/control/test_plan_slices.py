@@ -259,3 +259,40 @@ def test_views_built_between_slices_are_used_only_while_their_jobs_wait_unchange
         assert by_id[job_id].waited_s == pytest.approx({v.id: v for v in fresh.jobs}[job_id].waited_s - 5.0)
     assert by_id[running.id].current is not None
     h.close()
+
+
+def test_a_snapshot_from_view_slices_is_the_state_at_its_end() -> None:
+    """With more jobs than a slice, the waiting jobs' views are built a slice at a time; what happens
+    between the slices (a job cancelled, one submitted, one whose attempt began and ended) is in the
+    request's snapshot exactly as in a snapshot built at once at the end, and the waits of all waiting
+    jobs count to the instant the slices began."""
+    h = Harness(settings=ControlSettings(request_slice=2))
+    busy(h, jobs=16)  # 10 GPUs: some jobs run, the rest wait
+    h.auto_plan, h.auto_continue = False, False
+    state = h.machine.state
+    h.now += 100.0
+    began = h.now
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    while h.machine.preparing is not None and not h.machine.preparing.prebuilt:
+        out += h.feed(PlanContinue(h.stimulus()))
+    work = h.machine.preparing
+    assert work is not None and work.view_over is not None and work.viewed < len(work.view_over)
+    waiting = [j.id for j in state.jobs.values() if j.state == JobState.QUEUED and j.attempt is None]
+    h.now += 7.0
+    out += h.feed(JobCancelled(h.stimulus(), waiting[-1]))
+    out += h.feed(JobSubmitted(h.stimulus(), spec("late", (1,), samples=1e8, at=h.now)))
+    changed = state.jobs[next(iter(work.prebuilt))]  # as an attempt that began and ended since leaves it
+    changed.running_s, changed.restarts = changed.running_s + 3.0, changed.restarts + 1
+    h.now += 5.0
+    while h.machine.preparing is not None:
+        out += h.feed(PlanContinue(h.stimulus()))
+    (request,) = h.of(PlanRequest, out)
+    s = h.machine.settings
+    at_once = views.build_snapshot(
+        state, h.now, s.exec_error_backoff_s, s.scheduler.fairshare_half_life_h, waits_at=began
+    )
+    assert request.snapshot.jobs == at_once.jobs
+    ids = [v.id for v in request.snapshot.jobs]
+    assert waiting[-1] not in ids
+    assert {v.id: v for v in request.snapshot.jobs}[changed.id].restarts == changed.restarts
+    h.close()

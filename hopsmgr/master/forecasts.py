@@ -218,10 +218,14 @@ class Forecaster:
             self.held.update(rows)
 
     def _note_arrivals(self) -> None:
+        """Note the submission of every live job not seen before. Only live jobs' ids are remembered
+        (an ended job does not come back), so the set stays the size of the queue over months."""
+        seen, live = self.seen, set()
         for job in self.ctl.machine.state.jobs.values():
-            if job.id not in self.seen:
-                self.seen.add(job.id)
+            live.add(job.id)
+            if job.id not in seen:
                 self.recent.append(job.submitted)
+        self.seen = live
 
     def recent_arrivals(self, now: float) -> list[float]:
         """Submission times of the last WINDOW_S (the arrival process futures draw new jobs from)."""

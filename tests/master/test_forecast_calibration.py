@@ -44,3 +44,23 @@ def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() ->
         assert residuals.high_level == TAIL - 2 * residuals.gamma * (1 - TAIL)
     finally:
         fc.close()
+
+
+def test_the_arrivals_remembered_are_the_live_jobs_only() -> None:
+    """Each live job's submission is noted once; ended jobs are forgotten, so the set of seen ids does
+    not grow with every job the master ever ran."""
+    jobs = {f"j{k}": SimpleNamespace(id=f"j{k}", submitted=float(k)) for k in range(3)}
+    config = SimpleNamespace(
+        scheduler=SimpleNamespace(round_seconds=100.0), master=SimpleNamespace(planner="thread")
+    )
+    machine = SimpleNamespace(state=SimpleNamespace(jobs=jobs), estimator=None)
+    ctl = SimpleNamespace(config=config, machine=machine, clock=lambda: 10.0, forecasts={})
+    fc = Forecaster(ctl)  # type: ignore[arg-type]
+    try:
+        assert fc.recent_arrivals(10.0) == [0.0, 1.0, 2.0]
+        del jobs["j0"], jobs["j1"]
+        jobs["j3"] = SimpleNamespace(id="j3", submitted=3.0)
+        assert fc.recent_arrivals(10.0) == [0.0, 1.0, 2.0, 3.0]  # j2 not noted twice, ended ones kept
+        assert fc.seen == {"j2", "j3"}
+    finally:
+        fc.close()

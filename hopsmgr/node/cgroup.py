@@ -22,8 +22,14 @@ hosts keep it as their fence), else to an eBPF program attached to the attempt's
 `create` makes them and sets limits and rules (removing what it made if any cannot be set), `enter`
 moves the step into exactly those (failing if one is gone: a stop removed it meanwhile).
 
-Not systemd transient units: the cgroups are made directly, which works with or without systemd
-where the hierarchies are writable by root (docs/security.md).
+Where systemd manages the unified hierarchy (it runs, `/run/systemd/system` exists, and the cgroup2
+mount is `/sys/fs/cgroup`: pure-v2 hosts), the attempt's unified directory is a transient scope unit
+of systemd's, `hopsmgr.slice/hopsmgr-<attempt>-<workdir hash>.scope`, made by `systemd-run --scope`
+(`scope_command`: the privileged step runs itself again inside it), with `Delegate=yes` and the
+limits as the unit's properties (MemoryMax, MemorySwapMax, CPUQuota), so that systemd's own view of
+the cgroup tree stays true (`systemctl status` shows the job) and systemd never moves the job out.
+The GPU fence is the same eBPF program, attached to the scope's directory. Elsewhere (hybrid hosts,
+hosts without systemd) the cgroups are made directly (docs/security.md).
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +49,11 @@ from typing import Literal
 from hopsmgr.node import bpf_devices
 
 PARENT = "hopsmgr"
+SLICE = "hopsmgr.slice"  # where systemd keeps the attempts' scopes
 MOUNTS = Path("/proc/self/mounts")
+SYSTEMD_RUNS = Path("/run/systemd/system")  # what sd_booted(3) checks
+SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "cpu", "devices")
 
 
@@ -55,6 +67,7 @@ class Hierarchies:
 
     unified: Path | None = None
     v1: Mapping[str, Path] = field(default_factory=dict)  # controller -> its v1 mount
+    systemd: bool = False  # systemd manages the unified hierarchy: attempts are scopes of its own
 
     def offered_by_unified(self) -> set[str]:
         return _controllers(self.unified) if self.unified is not None else set()
@@ -66,8 +79,9 @@ class Hierarchies:
         return "v1" if controller in self.v1 else None
 
 
-def hierarchies(mounts_text: str | None = None) -> Hierarchies:
-    """The hierarchies listed in /proc/self/mounts (or in `mounts_text`)."""
+def hierarchies(mounts_text: str | None = None, systemd: bool | None = None) -> Hierarchies:
+    """The hierarchies listed in /proc/self/mounts (or in `mounts_text`); `systemd` says whether
+    systemd runs (read from /run/systemd/system when None)."""
     if mounts_text is None:
         try:
             mounts_text = MOUNTS.read_text()
@@ -84,8 +98,12 @@ def hierarchies(mounts_text: str | None = None) -> Hierarchies:
             for option in parts[3].split(","):
                 if option in V1_CONTROLLERS:
                     v1.setdefault(option, Path(parts[1]))
-    root = Path("/sys/fs/cgroup")
-    return Hierarchies(root if root in unified else (unified[0] if unified else None), v1)
+    root = CGROUP_ROOT
+    if systemd is None:
+        systemd = SYSTEMD_RUNS.is_dir()
+    return Hierarchies(
+        root if root in unified else (unified[0] if unified else None), v1, systemd and root in unified
+    )
 
 
 @dataclass(frozen=True)
@@ -94,6 +112,7 @@ class AttemptCgroup:
 
     unified: Path | None
     v1: Mapping[str, Path]  # controller -> directory, for the controllers the unified hierarchy lacks
+    unit: str | None = None  # systemd's scope unit whose cgroup `unified` is, where systemd manages it
 
     def dirs(self) -> list[Path]:
         return ([self.unified] if self.unified is not None else []) + sorted(set(self.v1.values()))
@@ -113,10 +132,58 @@ def attempt_cgroup(workdir: Path, attempt_id: str, where: Hierarchies | None = N
     name = f"{attempt_id}-{hashlib.sha256(str(workdir).encode()).hexdigest()[:8]}"
     offered = where.offered_by_unified()
     v1 = {c: mount / PARENT / name for c, mount in where.v1.items() if c not in offered}
+    if where.unified is not None and where.systemd:
+        unit = f"hopsmgr-{name}.scope"
+        return AttemptCgroup(where.unified / SLICE / unit, v1, unit)
     unified = where.unified / PARENT / name if where.unified is not None else None
     if unified is None and not v1:
         return None
     return AttemptCgroup(unified, v1)
+
+
+def in_scope(cg: AttemptCgroup, where: Hierarchies) -> bool:
+    """Whether the calling process is in the attempt's scope already (systemd made it around it)."""
+    if cg.unit is None or cg.unified is None or where.unified is None:
+        return False
+    try:
+        lines = SELF_CGROUP.read_text().splitlines()
+    except OSError:
+        return False
+    wanted = "/" + str(cg.unified.relative_to(where.unified))
+    return any(line.startswith("0::") and line[3:] == wanted for line in lines)
+
+
+def scope_command(
+    cg: AttemptCgroup, mem_mb: int | None, cpus: float | None, argv: Sequence[str]
+) -> list[str]:
+    """`argv` run by systemd inside the attempt's new transient scope, with its limits as the unit's
+    properties (systemd-run execs it: the process keeps its pid, its parent and its environment).
+    CgroupError where systemd-run is missing."""
+    assert cg.unit is not None
+    systemd_run = shutil.which("systemd-run", path="/usr/bin:/bin")
+    if systemd_run is None:
+        raise CgroupError("systemd runs on this node but systemd-run is not installed")
+    properties = ["Delegate=yes"]  # the cgroup is the job's: systemd never moves its processes
+    if mem_mb is not None:
+        properties += [f"MemoryMax={mem_mb}M", "MemorySwapMax=0"]
+    if cpus is not None:
+        properties.append(f"CPUQuota={max(1, round(cpus * 100))}%")
+    return [
+        systemd_run,
+        "--scope",
+        "--quiet",
+        "--collect",  # unloaded once it ends, also when its process failed
+        f"--unit={cg.unit}",
+        f"--slice={SLICE}",
+        *(f"--property={p}" for p in properties),
+        "--",
+        *argv,
+    ]
+
+
+def own_argv() -> list[str]:
+    """How this process was started (the interpreter and its options too), to run it again."""
+    return [sys.executable, *sys.orig_argv[1:]]
 
 
 def _controllers(path: Path) -> set[str]:
@@ -189,7 +256,14 @@ def create(
         made.append(path)
 
     try:
-        if cg.unified is not None:
+        if cg.unit is not None and cg.unified is not None:
+            # systemd made the scope around this process, with the limits (scope_command)
+            if not in_scope(cg, where):
+                raise CgroupError(f"the privileged step is not in its systemd scope {cg.unit}")
+            dirs.append(cg.unified)
+            if fence_kind == "v2":
+                _fence_v2(cg.unified, deny_devices)
+        elif cg.unified is not None:
             root = cg.unified.parent.parent
             cg.unified.parent.mkdir(exist_ok=True)  # shared: never rolled back
             for level in (root, cg.unified.parent):
@@ -205,13 +279,7 @@ def create(
             if quota is not None and "cpu" in v2_needed:
                 (cg.unified / "cpu.max").write_text(f"{quota} 100000")
             if fence_kind == "v2":
-                try:
-                    bpf_devices.fence(cg.unified, deny_devices)
-                except bpf_devices.BpfError as exc:
-                    raise CgroupError(
-                        f"cannot fence off the node's other GPUs with a cgroup v2 device program on "
-                        f"{cg.unified}: {exc}"
-                    ) from None
+                _fence_v2(cg.unified, deny_devices)
         wanted = {"memory": mem_mb is not None, "cpu": cpus is not None, "devices": bool(deny_devices)}
         for controller, path in sorted(cg.v1.items()):
             # without a unified hierarchy the v1 directories are also how stop finds the job: all made
@@ -250,6 +318,15 @@ def create(
             raise
         raise CgroupError(f"cannot set up {exc.filename or 'the cgroups'}: {exc.strerror or exc}") from None
     return Made(tuple(dirs), tuple(notes))
+
+
+def _fence_v2(directory: Path, deny_devices: Sequence[tuple[int, int]]) -> None:
+    try:
+        bpf_devices.fence(directory, deny_devices)
+    except bpf_devices.BpfError as exc:
+        raise CgroupError(
+            f"cannot fence off the node's other GPUs with a cgroup v2 device program on {directory}: {exc}"
+        ) from None
 
 
 def device_fence(cg: AttemptCgroup) -> Literal["v1", "v2"] | None:
@@ -297,7 +374,9 @@ def kill_and_remove(cg: AttemptCgroup, timeout_s: float = 10.0) -> bool:
     while cg.exists():
         if cg.members():
             send(cg, signal.SIGKILL)
-        else:
+        elif cg.unit is None or time.monotonic() > deadline - timeout_s / 2:
+            # a scope's cgroup is systemd's to remove once it is empty (--collect); if it has not
+            # within half the time, it goes as a directory would
             for d in cg.dirs():
                 with contextlib.suppress(OSError):
                     d.rmdir()

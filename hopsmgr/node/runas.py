@@ -14,7 +14,8 @@ from the one to the other, and it takes nothing but a work directory and an atte
   (0640), hands the job's checkpoint directory (under `<workdir>/checkpoints/`) to the user, puts
   itself in the attempt's own cgroups with the submission's limits and with the node's GPUs it was
   not granted fenced off (hopsmgr.node.cgroup: a cgroup v1 devices rule, else a cgroup v2 eBPF
-  device program; nothing where the node has neither hierarchy), drops to
+  device program; nothing where the node has neither hierarchy; where systemd manages the cgroups,
+  the step first runs itself again inside a transient scope unit that `systemd-run` makes), drops to
   the user's uid, gid, supplementary groups and HOME with no_new_privs set, and execs the job's argv
   with the spec's environment (not the wrapper's: its secrets stay with it).
 - `signal --signal TERM|USR1|INT|KILL`: signals every process of the attempt's cgroup (KILL also
@@ -233,6 +234,7 @@ def _checkpoint_dir(v: Verified) -> None:
 
 def start(workdir: str, attempt_id: str) -> NoReturn:
     v = verify(workdir, attempt_id)
+    _into_scope(v)
     a, account = v.attempt, v.account
     job = a.dir / JOB_SUBDIR
     try:
@@ -270,6 +272,23 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
     except (OSError, IndexError) as exc:
         print(f"hopsmgr: cannot start {argv[:1]!r} as {account.pw_name}: {exc}", flush=True)
         os._exit(127)
+
+
+def _into_scope(v: Verified) -> None:
+    """Where systemd manages the cgroups, run this step again inside the attempt's new transient
+    scope (hopsmgr.node.cgroup.scope_command), before anything is made; return once in it."""
+    where = cgroup.hierarchies()
+    cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, where)
+    if cg is None or cg.unit is None or cgroup.in_scope(cg, where):
+        return
+    mem_mb, cpus = v.spec.get("mem_mb"), v.spec.get("cpus")
+    try:
+        cgroup.check_controllers(mem_mb, cpus, where)
+        argv = cgroup.scope_command(cg, mem_mb, cpus, cgroup.own_argv())
+    except cgroup.CgroupError as exc:
+        raise Refused(str(exc)) from None
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
 
 
 def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:

@@ -233,7 +233,7 @@ def test_hopsmgr_commands_in_the_guides_exist(name: str) -> None:
 def test_the_guides_say_what_is_not_done_yet() -> None:
     install, guide = read("install.md"), read("user-guide.md")
     assert "By default jobs run as the user `hopsmgr`" in install and "run_as_users = true" in install
-    assert "transient units" in install and "pid file" in install and "(security.md)" in install
+    assert "transient scope unit" in install and "pid file" in install and "(security.md)" in install
     security = read("security.md")
     assert "## Threat model" in security and "Not enforced (yet)" in security
     assert "every job runs as the" in guide

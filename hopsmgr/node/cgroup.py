@@ -39,10 +39,10 @@ import hashlib
 import os
 import shutil
 import signal
-import sys
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -141,6 +141,18 @@ def attempt_cgroup(workdir: Path, attempt_id: str, where: Hierarchies | None = N
     return AttemptCgroup(unified, v1)
 
 
+def attempt_cgroups(workdir: Path, attempt_id: str, where: Hierarchies | None = None) -> list[AttemptCgroup]:
+    """Every place the attempt's cgroups may be, for a stop or a cleanup: where this node makes them
+    now, and, where systemd manages the cgroups, also where they were made directly (an attempt begun
+    before the node ran this code, or while systemd was not detected)."""
+    where = where or hierarchies()
+    found = [cg for cg in (attempt_cgroup(workdir, attempt_id, where),) if cg is not None]
+    if where.systemd:
+        direct = attempt_cgroup(workdir, attempt_id, replace(where, systemd=False))
+        found += [direct] if direct is not None else []
+    return found
+
+
 def in_scope(cg: AttemptCgroup, where: Hierarchies) -> bool:
     """Whether the calling process is in the attempt's scope already (systemd made it around it)."""
     if cg.unit is None or cg.unified is None or where.unified is None:
@@ -157,21 +169,25 @@ def scope_command(
     cg: AttemptCgroup, mem_mb: int | None, cpus: float | None, argv: Sequence[str]
 ) -> list[str]:
     """`argv` run by systemd inside the attempt's new transient scope, with its limits as the unit's
-    properties (systemd-run execs it: the process keeps its pid, its parent and its environment).
-    CgroupError where systemd-run is missing."""
+    properties (systemd-run execs it: the process keeps its pid and its parent). CgroupError where
+    systemd-run is missing, or for an argument systemd-run might expand (newer versions replace
+    `$NAME` in the command line)."""
     assert cg.unit is not None
     systemd_run = shutil.which("systemd-run", path="/usr/bin:/bin")
     if systemd_run is None:
         raise CgroupError("systemd runs on this node but systemd-run is not installed")
+    if any("$" in arg for arg in argv):
+        raise CgroupError(f"cannot run {list(argv)!r} in a scope: an argument holds '$'")
     properties = ["Delegate=yes"]  # the cgroup is the job's: systemd never moves its processes
     if mem_mb is not None:
         properties += [f"MemoryMax={mem_mb}M", "MemorySwapMax=0"]
     if cpus is not None:
-        properties.append(f"CPUQuota={max(1, round(cpus * 100))}%")
+        properties.append(f"CPUQuota={cpu_percent(cpus)}%")
     return [
         systemd_run,
         "--scope",
         "--quiet",
+        "--no-ask-password",
         "--collect",  # unloaded once it ends, also when its process failed
         f"--unit={cg.unit}",
         f"--slice={SLICE}",
@@ -181,9 +197,41 @@ def scope_command(
     ]
 
 
-def own_argv() -> list[str]:
-    """How this process was started (the interpreter and its options too), to run it again."""
-    return [sys.executable, *sys.orig_argv[1:]]
+def cpu_percent(cpus: float) -> int:
+    """`--cpus` as systemd's CPUQuota percentage (at least 1%)."""
+    return max(1, round(cpus * 100))
+
+
+def scope_limits_hold(cg: AttemptCgroup, mem_mb: int | None, cpus: float | None) -> str | None:
+    """Why the scope's cgroup does not have the limits asked for (systemd only logs a controller it
+    could not enable), or None when it does."""
+    assert cg.unified is not None
+    try:
+        if mem_mb is not None:
+            found = (cg.unified / "memory.max").read_text().strip()
+            if found != str(mem_mb << 20):
+                return f"memory.max of {cg.unit} is {found!r}, not {mem_mb << 20} (--mem {mem_mb})"
+        if cpus is not None:
+            quota, period = (cg.unified / "cpu.max").read_text().split()
+            wanted = cpu_percent(cpus) / 100
+            if quota == "max" or abs(int(quota) / int(period) - wanted) > 0.01 * wanted:
+                return f"cpu.max of {cg.unit} is '{quota} {period}', not {wanted:g} CPUs (--cpus {cpus})"
+    except (OSError, ValueError) as exc:
+        return f"cannot read the limits of {cg.unit}: {exc}"
+    return None
+
+
+def stop_unit(unit: str) -> None:
+    """Ask systemd to stop and drop a scope (one left loaded after its processes ended)."""
+    systemctl = shutil.which("systemctl", path="/usr/bin:/bin")
+    if systemctl is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                [systemctl, "stop", "--no-ask-password", unit],
+                capture_output=True,
+                timeout=10,
+                stdin=subprocess.DEVNULL,
+            )
 
 
 def _controllers(path: Path) -> set[str]:
@@ -260,6 +308,8 @@ def create(
             # systemd made the scope around this process, with the limits (scope_command)
             if not in_scope(cg, where):
                 raise CgroupError(f"the privileged step is not in its systemd scope {cg.unit}")
+            if why := scope_limits_hold(cg, mem_mb, cpus):
+                raise CgroupError(why)
             dirs.append(cg.unified)
             if fence_kind == "v2":
                 _fence_v2(cg.unified, deny_devices)
@@ -369,17 +419,22 @@ def send(cg: AttemptCgroup, sig: int) -> int:
 
 
 def kill_and_remove(cg: AttemptCgroup, timeout_s: float = 10.0) -> bool:
-    """SIGKILL what is left, wait until the cgroups are empty, remove them; whether they are gone."""
+    """SIGKILL what is left, wait until the cgroups are empty, remove them; whether they are gone. A
+    scope's cgroup is systemd's to remove once it is empty (--collect); one still there after half
+    the time is stopped through systemctl."""
     deadline = time.monotonic() + timeout_s
+    asked = False
     while cg.exists():
         if cg.members():
             send(cg, signal.SIGKILL)
-        elif cg.unit is None or time.monotonic() > deadline - timeout_s / 2:
-            # a scope's cgroup is systemd's to remove once it is empty (--collect); if it has not
-            # within half the time, it goes as a directory would
+        else:
             for d in cg.dirs():
-                with contextlib.suppress(OSError):
-                    d.rmdir()
+                if d != cg.unified or cg.unit is None:
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            if cg.unit is not None and not asked and time.monotonic() > deadline - timeout_s / 2:
+                stop_unit(cg.unit)
+                asked = True
         if time.monotonic() > deadline:
             return not cg.exists()
         time.sleep(0.02)

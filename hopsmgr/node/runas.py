@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import math
 import os
 import pwd
 import shutil
@@ -274,6 +275,30 @@ def start(workdir: str, attempt_id: str) -> NoReturn:
         os._exit(127)
 
 
+def _limits(v: Verified) -> tuple[int | None, float | None]:
+    """The spec's `mem_mb` (an integer >= 1) and `cpus` (a positive number), each None when absent."""
+    mem_mb, cpus = v.spec.get("mem_mb"), v.spec.get("cpus")
+    if mem_mb is not None and (isinstance(mem_mb, bool) or not isinstance(mem_mb, int) or mem_mb < 1):
+        raise Refused(f"attempt {v.attempt.attempt_id}: mem_mb {mem_mb!r} is not an integer >= 1")
+    if cpus is not None and (
+        isinstance(cpus, bool) or not isinstance(cpus, int | float) or not math.isfinite(cpus) or cpus <= 0
+    ):
+        raise Refused(f"attempt {v.attempt.attempt_id}: cpus {cpus!r} is not a positive number")
+    return mem_mb, cpus
+
+
+def _start_again(v: Verified) -> list[str]:
+    """This step's own start command for `v`, built from the verified values (not from what the
+    caller passed) with the interpreter's own options (the installed program's `-I`)."""
+    argv = list(sys.orig_argv)
+    module = "hopsmgr.node.runas_main"
+    at = next((i for i in range(1, len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == module), None)
+    if at is None:
+        raise Refused(f"cannot run itself again in its scope: not started as `python -m {module}`")
+    workdir, attempt = str(v.attempt.workdir), v.attempt.attempt_id
+    return [sys.executable, *argv[1:at], "-m", module, "start", "--workdir", workdir, "--attempt", attempt]
+
+
 def _into_scope(v: Verified) -> None:
     """Where systemd manages the cgroups, run this step again inside the attempt's new transient
     scope (hopsmgr.node.cgroup.scope_command), before anything is made; return once in it."""
@@ -281,10 +306,12 @@ def _into_scope(v: Verified) -> None:
     cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, where)
     if cg is None or cg.unit is None or cgroup.in_scope(cg, where):
         return
-    mem_mb, cpus = v.spec.get("mem_mb"), v.spec.get("cpus")
+    mem_mb, cpus = _limits(v)
+    if (v.attempt.dir / JOB_SUBDIR).exists():
+        raise Refused(f"attempt {v.attempt.attempt_id} was started already")
     try:
         cgroup.check_controllers(mem_mb, cpus, where)
-        argv = cgroup.scope_command(cg, mem_mb, cpus, cgroup.own_argv())
+        argv = cgroup.scope_command(cg, mem_mb, cpus, _start_again(v))
     except cgroup.CgroupError as exc:
         raise Refused(str(exc)) from None
     sys.stdout.flush()
@@ -297,7 +324,7 @@ def _enter_cgroups(v: Verified, log_fd: int, env: dict[str, str]) -> None:
     cannot be set up (the reason also in the job's log); say in the job's log what is not enforced."""
     hierarchies = cgroup.hierarchies()
     cg = cgroup.attempt_cgroup(v.attempt.workdir, v.attempt.attempt_id, hierarchies)
-    limits = (v.spec.get("mem_mb"), v.spec.get("cpus"))
+    limits = _limits(v)
     rules = gpu_devices.rules_for(env, _gpu_listing(v.policy))
     fence = bool(rules.deny) and cg is not None and cgroup.enforces_devices(cg)
     notes: list[str] = []
@@ -352,7 +379,8 @@ def send_signal(workdir: str, attempt_id: str, name: str) -> dict[str, Any]:
         raise Refused(f"signal {name!r} is not one of {', '.join(SIGNALS)}")
     v = verify(workdir, attempt_id, fenced=False)
     sig = SIGNALS[name]
-    cg = cgroup.attempt_cgroup(v.attempt.workdir, attempt_id)
+    places = cgroup.attempt_cgroups(v.attempt.workdir, attempt_id)
+    cg = next((c for c in places if c.members()), None) or next((c for c in places if c.exists()), None)
     if cg is not None and cg.members():  # else (set up failed, or not yet entered): its process group
         count = cgroup.send(cg, sig)
         if sig == signal.SIGKILL:
@@ -373,9 +401,9 @@ def send_signal(workdir: str, attempt_id: str, name: str) -> dict[str, Any]:
 
 def cleanup(workdir: str, attempt_id: str) -> dict[str, Any]:
     v = verify(workdir, attempt_id, fenced=False)
-    cg = cgroup.attempt_cgroup(v.attempt.workdir, attempt_id)
-    if cg is not None and cg.exists():
-        cgroup.kill_and_remove(cg)
+    for cg in cgroup.attempt_cgroups(v.attempt.workdir, attempt_id):
+        if cg.exists():
+            cgroup.kill_and_remove(cg)
     shutil.rmtree(v.attempt.dir / JOB_SUBDIR, ignore_errors=True)
     return {"cleaned": True}
 

@@ -15,6 +15,7 @@ which hosts count as systemd's and how the scope is asked for.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pwd
@@ -37,6 +38,7 @@ from .util import bpf_refusal, device_nodes, wait_until
 USER = "hopsd-user"
 JOB_PYTHON = "/usr/bin/python3"
 SYSTEMD = "/lib/systemd/systemd"
+PR_SET_PDEATHSIG = 1
 PURE_V2 = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime 0 0\n"
 HYBRID = (
     "cgroup /sys/fs/cgroup/systemd cgroup rw,name=systemd 0 0\n"
@@ -59,6 +61,12 @@ def test_attempts_are_scopes_only_where_systemd_manages_the_unified_hierarchy(tm
         direct = cgroup.attempt_cgroup(work, "a-000001", where)
         assert direct is not None and direct.unit is None and direct.unified is not None
         assert direct.unified.parent.name == cgroup.PARENT
+    # a stop looks in both places: an attempt begun before the node made scopes is found too
+    places = cgroup.attempt_cgroups(work, "a-000001", systemd)
+    assert [c.unit is not None for c in places] == [True, False]
+    assert places[1].unified == Path("/sys/fs/cgroup") / cgroup.PARENT / places[0].unit.removeprefix(
+        "hopsmgr-"
+    ).removesuffix(".scope")
 
 
 def test_the_scope_carries_the_limits_as_unit_properties(tmp_path: Path) -> None:
@@ -67,13 +75,22 @@ def test_the_scope_carries_the_limits_as_unit_properties(tmp_path: Path) -> None
     cg = cgroup.attempt_cgroup(tmp_path, "a-000002", cgroup.hierarchies(PURE_V2, systemd=True))
     assert cg is not None and cg.unit is not None
     argv = cgroup.scope_command(cg, 512, 1.5, ["/bin/step", "start"])
-    assert argv[1:6] == ["--scope", "--quiet", "--collect", f"--unit={cg.unit}", "--slice=hopsmgr.slice"]
+    assert argv[1:7] == [
+        "--scope",
+        "--quiet",
+        "--no-ask-password",
+        "--collect",
+        f"--unit={cg.unit}",
+        "--slice=hopsmgr.slice",
+    ]
     assert argv[-3:] == ["--", "/bin/step", "start"]
     properties = [a.removeprefix("--property=") for a in argv if a.startswith("--property=")]
     assert properties == ["Delegate=yes", "MemoryMax=512M", "MemorySwapMax=0", "CPUQuota=150%"]
     assert [a for a in cgroup.scope_command(cg, None, None, ["x"]) if a.startswith("--property")] == [
         "--property=Delegate=yes"
     ]
+    with pytest.raises(cgroup.CgroupError, match="holds '\\$'"):
+        cgroup.scope_command(cg, None, None, ["/bin/step", "--workdir", "/srv/$HOME"])
 
 
 needs_private_systemd = pytest.mark.skipif(
@@ -92,6 +109,8 @@ needs_private_systemd = pytest.mark.skipif(
 INNER = """\
 set -e
 mount --make-rprivate /
+mount --bind /proc/sys /proc/sys
+mount -o remount,bind,ro /proc/sys
 umount -l /sys/fs/cgroup 2>/dev/null || true
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t tmpfs -o mode=0755 tmpfs /run
@@ -156,8 +175,12 @@ def private_systemd() -> Iterator[PrivateSystemd]:
 
     def into_top() -> None:  # the namespace's cgroup root is the cgroup unshare starts in
         (top / "cgroup.procs").write_text(str(os.getpid()))
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with pytest
 
-    cmd = ["unshare", "--cgroup", "--pid", "--fork", "--mount", "--uts", "--ipc", "--mount-proc"]
+    # a network namespace of its own too: systemd sets up loopback and socket limits there, not here;
+    # --kill-child: systemd dies with unshare
+    cmd = ["unshare", "--cgroup", "--pid", "--fork", "--mount", "--uts", "--ipc", "--net", "--kill-child"]
+    cmd.append("--mount-proc")
     unshare = subprocess.Popen(
         [*cmd, "/bin/sh", str(here / "inner.sh")],
         stdin=subprocess.DEVNULL,
@@ -179,6 +202,12 @@ def private_systemd() -> Iterator[PrivateSystemd]:
             return children[0] if probe.stdout.strip() in ("running", "degraded") else None
 
         pid = wait_until(up, "the private systemd to run", timeout=30)
+        # unshare leaves the namespace's root cgroup, so that systemd may enable controllers in it (a
+        # cgroup with processes of its own cannot hand controllers to its children)
+        own = next(
+            line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::")
+        )
+        (host_v2 / own.lstrip("/") / "cgroup.procs").write_text(str(unshare.pid))
         yield PrivateSystemd(pid, top)
     finally:
         for victim in (pid, unshare.pid):
@@ -222,6 +251,8 @@ LAUNCH = """
 import json, sys
 from hopsmgr.node import ops
 workdir, attempt, user, script, launch = sys.argv[1:6]
+if sys.argv[6:] == ["--past-the-launch-check"]:  # in this process only: the privileged step checks again
+    ops.cgroup.check_controllers = lambda *args, **kw: set()
 ops.launch(workdir, attempt, "j-000001", 1, [PYTHON, "-c", script], run_as=user, **json.loads(launch))
 """.replace("PYTHON", repr(JOB_PYTHON))
 
@@ -242,8 +273,8 @@ time.sleep(600)
 """
 
 
-def launch(sd: PrivateSystemd, workdir: Path, attempt: str, script: str, **kw: object) -> None:
-    sd.run(sys.executable, "-c", LAUNCH, str(workdir), attempt, USER, script, json.dumps(kw))
+def launch(sd: PrivateSystemd, workdir: Path, attempt: str, script: str, *flags: str, **kw: object) -> None:
+    sd.run(sys.executable, "-c", LAUNCH, str(workdir), attempt, USER, script, json.dumps(kw), *flags)
 
 
 def started(workdir: Path, attempt: str) -> str:
@@ -292,7 +323,7 @@ def test_an_attempt_runs_in_a_scope_of_its_own_and_a_stop_reaches_every_process(
     wait_until(lambda: not scope_dir.exists() or None, "systemd to drop the ended scope", timeout=30)
     assert all(not Path(f"/proc/{pid}").exists() for pid in members), members
     gone = sd.unit(cg.unit, "LoadState", "ActiveState")
-    assert gone["ActiveState"] == "inactive", gone
+    assert gone == {"LoadState": "not-found", "ActiveState": "inactive"}, gone  # unloaded by systemd
     record = json.loads((node / "attempts" / "a-000001" / "exit.json").read_text())
     assert record["code"] != 0 or record.get("signal"), record
 
@@ -317,6 +348,17 @@ def test_limits_become_the_scopes_properties_or_are_refused_with_the_reason(
         )
         assert refused.returncode != 0
         assert "the cgroup memory controller is not available on this node" in refused.stderr, refused.stderr
+        # the privileged step refuses it too, before systemd makes a scope
+        launch(sd, node, "a-000003", "print('ran', flush=True)", "--past-the-launch-check", mem_mb=64)
+        done = node / "attempts" / "a-000003" / "exit.json"
+        record = wait_until(
+            lambda: json.loads(done.read_text()) if done.exists() else None, "the refusal", 60
+        )
+        assert "memory controller is not available" in str(record.get("error")), record
+        assert "ran" not in str(ops.logs(node, "a-000003")["log"])
+        cg = cgroup.attempt_cgroup(node, "a-000003", cgroup.hierarchies(PURE_V2, systemd=True))
+        assert cg is not None and cg.unit is not None
+        assert sd.unit(cg.unit, "LoadState")["LoadState"] == "not-found"
         return
     launch(sd, node, "a-000002", "import time; print('ready', flush=True); time.sleep(600)", mem_mb=64)
     started(node, "a-000002")
@@ -328,3 +370,20 @@ def test_limits_become_the_scopes_properties_or_are_refused_with_the_reason(
     sd.run(
         sys.executable, "-c", f"from hopsmgr.node import ops; ops.stop({str(node)!r}, 'a-000002', 1, grace=2)"
     )
+
+
+def test_a_scope_without_the_limits_asked_for_is_named(tmp_path: Path) -> None:
+    """systemd only logs a controller it could not enable: the step reads the limits back."""
+    scope = tmp_path / "hopsmgr-a-000004-0.scope"
+    scope.mkdir()
+    cg = cgroup.AttemptCgroup(scope, {}, scope.name)
+    (scope / "memory.max").write_text(f"{64 << 20}\n")
+    (scope / "cpu.max").write_text("150000 100000\n")
+    assert cgroup.scope_limits_hold(cg, 64, 1.5) is None
+    assert cgroup.scope_limits_hold(cg, None, None) is None
+    assert "memory.max of hopsmgr-a-000004-0.scope is" in str(cgroup.scope_limits_hold(cg, 128, None))
+    assert "not 0.5 CPUs" in str(cgroup.scope_limits_hold(cg, None, 0.5))
+    (scope / "cpu.max").write_text("max 100000\n")
+    assert "cpu.max of" in str(cgroup.scope_limits_hold(cg, None, 1.5))
+    (scope / "memory.max").unlink()
+    assert "cannot read the limits" in str(cgroup.scope_limits_hold(cg, 64, None))

@@ -288,15 +288,15 @@ def _limits(v: Verified) -> tuple[int | None, float | None]:
 
 
 def _start_again(v: Verified) -> list[str]:
-    """This step's own start command for `v`, built from the verified values (not from what the
-    caller passed) with the interpreter's own options (the installed program's `-I`)."""
-    argv = list(sys.orig_argv)
-    module = "hopsmgr.node.runas_main"
-    at = next((i for i in range(1, len(argv) - 1) if argv[i] == "-m" and argv[i + 1] == module), None)
-    if at is None:
-        raise Refused(f"cannot run itself again in its scope: not started as `python -m {module}`")
+    """This step's own start command for `v`: the interpreter as it was started (its options and the
+    module or `-c` program the installed program gave it, everything before this program's own
+    arguments), then the verified values, not what the caller passed."""
+    own = len(sys.argv) - 1  # this program's arguments, at the end of the interpreter's command line
+    head = sys.orig_argv[: len(sys.orig_argv) - own]
+    if own < 1 or len(head) < 2 or sys.orig_argv[len(head) :] != sys.argv[1:]:
+        raise Refused("cannot run itself again in its scope: its command line is not known")
     workdir, attempt = str(v.attempt.workdir), v.attempt.attempt_id
-    return [sys.executable, *argv[1:at], "-m", module, "start", "--workdir", workdir, "--attempt", attempt]
+    return [sys.executable, *head[1:], "start", "--workdir", workdir, "--attempt", attempt]
 
 
 def _into_scope(v: Verified) -> None:

@@ -45,11 +45,13 @@ class Node:
     program: Path
     service: pwd.struct_passwd
     user: pwd.struct_passwd
+    enter: tuple[str, ...] = ()  # a command the wrapper runs under (nsenter into another systemd's world)
 
     def wrapper(self, *args: str, check: bool = True) -> dict[str, Any]:
         """The wrapper, run as the service account (as the master runs it over SSH)."""
         env = f"PYTHONPATH={REPO} HOPSMGR_RUNAS={self.program}"
         argv = [
+            *self.enter,
             "runuser",
             "-u",
             SERVICE,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import json
 import os
 import pwd
@@ -33,6 +34,8 @@ import pytest
 from hopsmgr.node import cgroup, ops
 
 from .test_cgroup_limits import fake_driver, opened_as
+from .test_runas_sudo import Node as SudoNode
+from .test_runas_sudo import node as sudo_node  # noqa: F401  (a fixture)
 from .util import bpf_refusal, device_nodes, wait_until
 
 USER = "hopsd-user"
@@ -387,3 +390,36 @@ def test_a_scope_without_the_limits_asked_for_is_named(tmp_path: Path) -> None:
     assert "cpu.max of" in str(cgroup.scope_limits_hold(cg, None, 1.5))
     (scope / "memory.max").unlink()
     assert "cannot read the limits" in str(cgroup.scope_limits_hold(cg, 64, None))
+
+
+@needs_private_systemd
+@pytest.mark.skipif(shutil.which("sudo") is None, reason="needs sudo (.ci/run installs it)")
+def test_a_service_account_gets_scopes_through_sudo(
+    private_systemd: PrivateSystemd,
+    sudo_node: SudoNode,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """The production path on a systemd host: the wrapper runs as a service account and reaches the
+    privileged step only through sudo and the installed program (`python -I -c ...` here)."""
+    sd = private_systemd
+    node = dataclasses.replace(sudo_node, enter=("nsenter", "-t", str(sd.pid), "-a"))
+    w = str(node.workdir)
+    argv = ["/bin/sh", "-c", "tail -n 1 /proc/self/cgroup; id -un; sleep 600 & sleep 600"]
+    node.wrapper("launch", "--workdir", w, "--attempt", "a-000011", "--job", "j-000011", "--epoch", "1",
+                 "--run-as", sudo_node.user.pw_name, "--", *argv)  # fmt: skip
+    cg = cgroup.attempt_cgroup(node.workdir, "a-000011", cgroup.hierarchies(PURE_V2, systemd=True))
+    assert cg is not None and cg.unit is not None
+
+    def logged() -> list[str] | None:
+        lines = str(node.wrapper("logs", "--workdir", w, "--attempt", "a-000011")["log"]).splitlines()
+        return lines if len(lines) >= 2 else None
+
+    lines = wait_until(logged, "the job's first lines", timeout=60)
+    assert lines[:2] == [f"0::/hopsmgr.slice/{cg.unit}", sudo_node.user.pw_name], lines
+    assert sd.unit(cg.unit, "ActiveState")["ActiveState"] == "active"
+    scope_dir = sd.root_cgroup / "hopsmgr.slice" / cg.unit
+    members = [int(x) for x in (scope_dir / "cgroup.procs").read_text().split()]
+    assert len(members) >= 3, members  # sh and its two sleeps
+    node.wrapper("stop", "--workdir", w, "--attempt", "a-000011", "--epoch", "1", "--grace", "2")
+    wait_until(lambda: not scope_dir.exists() or None, "systemd to drop the ended scope", timeout=30)
+    assert all(not Path(f"/proc/{pid}").exists() for pid in members), members
+    assert sd.unit(cg.unit, "LoadState")["LoadState"] == "not-found"

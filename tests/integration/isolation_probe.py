@@ -1,8 +1,10 @@
 """A job that tries what a job must not be able to do to other users, prints what happened, then trains.
 
 Run by tests/integration/test_run_as.py as one user's job: `PROBE_TARGETS` (JSON) names files to
-read, directories to list, files to create and pids to kill; it prints `whoami <id -un>` and
-`PROBES <json>` (each target -> "done" or the error's name), and with `PROBE_ORPHAN=1` leaves a
+read, directories to list, files to create, existing files to open for writing ("append"; "append own":
+names in its own attempt directory, the wrapper's bookkeeping) and pids to kill; it prints `whoami
+<id -un>`, `identity <json>` (uid, gid, supplementary groups, HOME) and `PROBES <json>` (each target
+-> "done" or the error's name), and with `PROBE_ORPHAN=1` leaves a
 process behind in a session of its own. Then it runs examples/emulated_train.py with its arguments.
 """
 
@@ -29,6 +31,8 @@ def attempt(action: object) -> str:
 
 def main() -> None:
     print("whoami", subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip(), flush=True)
+    identity = {"uid": os.getuid(), "gid": os.getgid(), "groups": sorted(os.getgroups())}
+    print("identity", json.dumps({**identity, "home": os.environ.get("HOME")}), flush=True)
     targets = json.loads(os.environ.get("PROBE_TARGETS") or "{}")
     results: dict[str, str] = {}
     for path in targets.get("read", []):
@@ -37,6 +41,11 @@ def main() -> None:
         results[f"list {path}"] = attempt(lambda p=path: os.listdir(p))
     for path in targets.get("write", []):
         results[f"write {path}"] = attempt(lambda p=path: Path(p).open("xb").close())
+    for path in targets.get("append", []):
+        results[f"append {path}"] = attempt(lambda p=path: Path(p).open("ab").close())
+    attempt_dir = Path(os.environ["HOPS_ATTEMPT_DIR"]).parent
+    for name in targets.get("append own", []):
+        results[f"append own {name}"] = attempt(lambda p=attempt_dir / name: p.open("ab").close())
     for pid in targets.get("kill", []):
         results[f"kill {pid}"] = attempt(lambda p=pid: os.kill(p, signal.SIGKILL))
     own = Path(os.environ["HOPS_ATTEMPT_DIR"])

@@ -12,6 +12,7 @@ them): skipped otherwise, with the reason.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -42,6 +43,7 @@ def world_executable(path: str) -> bool:
 JOB_PYTHON = next((p for p in (sys.executable, "/usr/bin/python3") if world_executable(p)), "")
 ACCOUNTS = {"alice": "hopst-alice", "bob": "hopst-bob"}
 SYSTEM = "hopst-sys"
+TEAM = "hopst-team"  # a supplementary group of alice's
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("useradd") is None,
@@ -58,16 +60,21 @@ def _userdel(name: str) -> None:
 def accounts() -> Iterator[dict[str, pwd.struct_passwd]]:
     made = {}
     try:
+        subprocess.run(["groupdel", TEAM], capture_output=True, check=False)
+        subprocess.run(["groupadd", TEAM], check=True, capture_output=True)
         for name in [*ACCOUNTS.values(), SYSTEM]:
             _userdel(name)  # left over from an interrupted run
             system = ["--system"] if name == SYSTEM else ["--create-home"]
-            subprocess.run(["useradd", *system, "--shell", "/bin/sh", name], check=True, capture_output=True)
+            groups = ["--groups", TEAM] if name == ACCOUNTS["alice"] else []
+            argv = ["useradd", *system, *groups, "--shell", "/bin/sh", name]
+            subprocess.run(argv, check=True, capture_output=True)
             made[name] = pwd.getpwnam(name)
         assert made[SYSTEM].pw_uid < 1000 <= min(made[a].pw_uid for a in ACCOUNTS.values())
         yield made
     finally:
         for name in made:
             _userdel(name)
+        subprocess.run(["groupdel", TEAM], capture_output=True, check=False)
 
 
 def cluster_file(root: Path, sshd: Sshd) -> Path:
@@ -210,6 +217,10 @@ def test_each_job_runs_as_its_user_and_cannot_touch_the_others(
         ],
         "list": [str(bob_ckpt), str(bob_dir / "job")],
         "write": [str(bob_ckpt / "ckpt-000000001.json")],
+        # the node's own state and the agent's token file, and the wrapper's bookkeeping of alice's own
+        # attempt: none of it is the job's to change
+        "append": [str(cl.root / "nodes" / "n1" / "epoch"), str(state / "cluster.token")],
+        "append own": ["spec.json", "pid", "child.json", "run_as"],
         "kill": [bob_pid],
     }
     alice_job = submit(
@@ -221,6 +232,11 @@ def test_each_job_runs_as_its_user_and_cannot_touch_the_others(
     log = cl.cli("logs", alice_job, token=tokens["alice"]).stdout
     who, results = probes(log)
     assert who == ACCOUNTS["alice"]
+    identity = json.loads(next(x.split(None, 1)[1] for x in log.splitlines() if x.startswith("identity ")))
+    team = grp.getgrnam(TEAM).gr_gid
+    assert identity["uid"] == alice.pw_uid and identity["gid"] == alice.pw_gid, identity
+    assert team in identity["groups"] and identity["home"] == alice.pw_dir, identity
+    assert len([k for k in results if k.startswith("append")]) == 6, results
     denied = {k: v for k, v in results.items() if k != "own files"}
     assert denied and all(v in ("PermissionError", "ProcessLookupError") for v in denied.values()), results
     assert results[f"kill {bob_pid}"] == "PermissionError" and results["own files"] == "mine"

@@ -2,8 +2,8 @@
 (`hopsmgr.runtime.hf`), PyTorch Lightning (`hopsmgr.runtime.lightning`) and a hand-written loop
 (`hopsmgr.runtime.loop`), each through its example script in real processes with `HOPS_*` settings.
 
-Per script: a whole run; a run asked for a checkpoint part way (the request file, as the node wrapper
-writes it) that must exit 75 with a verified checkpoint at the step it reached; a fresh attempt that
+Per script: a whole run; a run asked for a checkpoint part way (SIGUSR1, as the node wrapper sends
+it) that must exit 75 with a verified checkpoint at the step it reached; a fresh attempt that
 resumes from it and must end at the last step with the same parameters as the whole run; and a
 profile-mode run that must exit 0 after HOPS_PROFILE_ITERS steps with positive phase times. Models are
 built from configs inside the scripts (HF_HUB_OFFLINE=1: nothing is downloaded). Skipped when a
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -122,7 +123,9 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     try:
         part, whole = procs
         head = read_until_step(part, case.line, SPLIT_AT)
-        Path(split_env["HOPS_ATTEMPT_DIR"], "checkpoint.request").touch()  # what the wrapper does
+        # what the wrapper sends (it also writes checkpoint.request, which tests/node/test_runtime.py
+        # covers): the signal reaches the integration's handler even where the framework has its own
+        part.send_signal(signal.SIGUSR1)
         split = collect(part, head)
         procs.append(launch(argv, env_for(root / "split", "a-000002")))  # a fresh attempt
         whole_done = collect(whole)

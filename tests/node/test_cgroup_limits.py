@@ -21,19 +21,16 @@ import json
 import os
 import pwd
 import shutil
-import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hopsmgr.node import bpf_devices, cgroup, gpu_devices, ops, runas
 
-from .util import bpf_refusal, device_nodes, open_each, open_in_child
+from .conftest import USER
+from .util import bpf_refusal, device_nodes, fake_driver, open_each, open_in_child
 
-USER = "hopsc-user"
 JOB_PYTHON = "/usr/bin/python3"
 
 HYBRID = """\
@@ -75,17 +72,6 @@ def test_a_limit_no_hierarchy_offers_is_refused_with_the_reason(tmp_path: Path) 
         cgroup.check_controllers(512, None, v2_only)
     assert cgroup.check_controllers(None, None, v2_only) == set()
     assert cgroup.attempt_cgroup(Path("/w"), "a-1", cgroup.hierarchies("")) is None
-
-
-def fake_driver(root: Path, minors_by_bus: dict[str, int]) -> Path:
-    """/proc/driver/nvidia/gpus as the driver writes it: one directory per GPU, named by PCI bus id."""
-    for bus, minor in minors_by_bus.items():
-        (root / bus).mkdir(parents=True)
-        (root / bus / "information").write_text(
-            f"Model: \t\t Tesla V100-SXM2-16GB\nBus Type: \t PCIe\nBus Location: \t {bus}\n"
-            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n"
-        )
-    return root
 
 
 def test_gpu_indices_follow_pci_bus_order_not_minor_numbers(tmp_path: Path) -> None:
@@ -166,38 +152,6 @@ needs_root = pytest.mark.skipif(
 def needs_controller(name: str) -> None:
     if cgroup.hierarchies().home(name) is None:
         pytest.skip(f"this host offers no {name} controller, in cgroup v2 or v1")
-
-
-@pytest.fixture(scope="module")
-def account() -> Iterator[pwd.struct_passwd]:
-    subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
-    subprocess.run(["useradd", "--create-home", USER], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(USER)
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True, check=False)
-        subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
-
-
-@pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A work directory, a policy of root's that points at a fake driver listing (three GPUs)."""
-    root = Path(tempfile.mkdtemp(prefix="hopsmgr-limits-", dir="/tmp"))
-    os.chmod(root, 0o711)
-    driver = fake_driver(root / "driver", {"0000:3b:00.0": 1, "0000:5e:00.0": 0, "0000:86:00.0": 2})
-    policy = root / "runas.toml"
-    policy.write_text(f'min_uid = 1000\nnvidia_gpus = "{driver}"\n')
-    os.chmod(policy, 0o644)
-    monkeypatch.setenv("HOPSMGR_RUNAS_POLICY", str(policy))
-    yield root / "w"
-    left = []
-    for marker in (root / "w" / "attempts").glob("*/spec.json"):
-        found = cgroup.attempt_cgroup(root / "w", marker.parent.name)
-        if found is not None and found.exists():
-            left.append(found)
-            cgroup.kill_and_remove(found)
-    shutil.rmtree(root, ignore_errors=True)
-    assert not left, f"cgroups left behind by ended attempts: {left}"
 
 
 def run_job(

@@ -33,12 +33,12 @@ import pytest
 
 from hopsmgr.node import cgroup, ops
 
-from .test_cgroup_limits import fake_driver, opened_as
+from .conftest import USER
+from .test_cgroup_limits import opened_as
 from .test_runas_sudo import Node as SudoNode
 from .test_runas_sudo import node as sudo_node  # noqa: F401  (a fixture)
 from .util import bpf_refusal, device_nodes, wait_until
 
-USER = "hopsd-user"
 JOB_PYTHON = "/usr/bin/python3"
 SYSTEMD = "/lib/systemd/systemd"
 PR_SET_PDEATHSIG = 1
@@ -225,31 +225,6 @@ def private_systemd() -> Iterator[PrivateSystemd]:
         assert not top.exists(), f"cgroups left behind: {top}"
 
 
-@pytest.fixture(scope="module")
-def account() -> Iterator[pwd.struct_passwd]:
-    subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
-    subprocess.run(["useradd", "--create-home", USER], check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(USER)
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True, check=False)
-        subprocess.run(["userdel", "-r", USER], capture_output=True, check=False)
-
-
-@pytest.fixture
-def node(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A work directory and a policy of root's naming a fake driver listing of three GPUs."""
-    root = Path(tempfile.mkdtemp(prefix="hopsmgr-scope-", dir="/tmp"))
-    os.chmod(root, 0o711)
-    driver = fake_driver(root / "driver", {"0000:3b:00.0": 1, "0000:5e:00.0": 0, "0000:86:00.0": 2})
-    policy = root / "runas.toml"
-    policy.write_text(f'min_uid = 1000\nnvidia_gpus = "{driver}"\n')
-    os.chmod(policy, 0o644)
-    monkeypatch.setenv("HOPSMGR_RUNAS_POLICY", str(policy))  # nsenter passes it on to the wrapper
-    yield root / "w"
-    shutil.rmtree(root, ignore_errors=True)
-
-
 LAUNCH = """
 import json, sys
 from hopsmgr.node import ops
@@ -401,16 +376,16 @@ def test_a_service_account_gets_scopes_through_sudo(
     """The production path on a systemd host: the wrapper runs as a service account and reaches the
     privileged step only through sudo and the installed program (`python -I -c ...` here)."""
     sd = private_systemd
-    node = dataclasses.replace(sudo_node, enter=("nsenter", "-t", str(sd.pid), "-a"))
-    w = str(node.workdir)
+    via = dataclasses.replace(sudo_node, enter=("nsenter", "-t", str(sd.pid), "-a"))
+    w = str(via.workdir)
     argv = ["/bin/sh", "-c", "tail -n 1 /proc/self/cgroup; id -un; sleep 600 & sleep 600"]
-    node.wrapper("launch", "--workdir", w, "--attempt", "a-000011", "--job", "j-000011", "--epoch", "1",
+    via.wrapper("launch", "--workdir", w, "--attempt", "a-000011", "--job", "j-000011", "--epoch", "1",
                  "--run-as", sudo_node.user.pw_name, "--", *argv)  # fmt: skip
-    cg = cgroup.attempt_cgroup(node.workdir, "a-000011", cgroup.hierarchies(PURE_V2, systemd=True))
+    cg = cgroup.attempt_cgroup(via.workdir, "a-000011", cgroup.hierarchies(PURE_V2, systemd=True))
     assert cg is not None and cg.unit is not None
 
     def logged() -> list[str] | None:
-        lines = str(node.wrapper("logs", "--workdir", w, "--attempt", "a-000011")["log"]).splitlines()
+        lines = str(via.wrapper("logs", "--workdir", w, "--attempt", "a-000011")["log"]).splitlines()
         return lines if len(lines) >= 2 else None
 
     lines = wait_until(logged, "the job's first lines", timeout=60)
@@ -419,7 +394,7 @@ def test_a_service_account_gets_scopes_through_sudo(
     scope_dir = sd.root_cgroup / "hopsmgr.slice" / cg.unit
     members = [int(x) for x in (scope_dir / "cgroup.procs").read_text().split()]
     assert len(members) >= 3, members  # sh and its two sleeps
-    node.wrapper("stop", "--workdir", w, "--attempt", "a-000011", "--epoch", "1", "--grace", "2")
+    via.wrapper("stop", "--workdir", w, "--attempt", "a-000011", "--epoch", "1", "--grace", "2")
     wait_until(lambda: not scope_dir.exists() or None, "systemd to drop the ended scope", timeout=30)
     assert all(not Path(f"/proc/{pid}").exists() for pid in members), members
     assert sd.unit(cg.unit, "LoadState")["LoadState"] == "not-found"

@@ -184,3 +184,14 @@ def open_in_child(
         os.waitpid(pid, 0)
     found: dict[str, str] = json.loads(b"".join(chunks))
     return found
+
+
+def fake_driver(root: Path, minors_by_bus: dict[str, int]) -> Path:
+    """/proc/driver/nvidia/gpus as the driver writes it: one directory per GPU, named by PCI bus id."""
+    for bus, minor in minors_by_bus.items():
+        (root / bus).mkdir(parents=True)
+        (root / bus / "information").write_text(
+            f"Model: \t\t Tesla V100-SXM2-16GB\nBus Type: \t PCIe\nBus Location: \t {bus}\n"
+            f"Device Minor: \t {minor}\nGPU Excluded:\t No\n"
+        )
+    return root

@@ -17,6 +17,7 @@ import argparse
 import ctypes
 import hashlib
 import os
+import time
 
 import torch
 from torch import nn
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="wait this long per iteration (a slower input pipeline)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("HOPS_THREADS", "1")))
     torch.manual_seed(args.seed)
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     for it in loop.iterations(args.iters):
         with loop.phase("data"):
             x, y = batch(args.seed, it, args.batch_size)
+            if args.step_seconds > 0:
+                time.sleep(args.step_seconds)
         with loop.phase("forward"):
             loss = nn.functional.cross_entropy(model(x), y)
         with loop.phase("backward"):

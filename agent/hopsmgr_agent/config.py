@@ -141,7 +141,8 @@ def parse_agent_config(data: dict[str, Any], source: str) -> AgentConfig:
             raise fail("emulated", emu, 'is required with devices = "emulated" (gpu_type, count, speed)')
         for key in emu:
             if key not in _EMULATED_KEYS:
-                raise fail(f"emulated.{key}", emu[key], f"unknown key (known: {', '.join(_EMULATED_KEYS)})")
+                shown = key or '""'  # an empty key is shown as ""
+                raise fail(f"emulated.{shown}", emu[key], f"unknown key (known: {', '.join(_EMULATED_KEYS)})")
         raw_type, raw_count = emu.get("gpu_type"), emu.get("count")
         if not isinstance(raw_type, str) or not raw_type:
             raise fail("emulated.gpu_type", raw_type, "is required (a GPU type name)")
@@ -174,7 +175,8 @@ def _cpu_table(cpu: object, fail: _Fail) -> tuple[str, int]:
         raise fail("cpu", cpu, "must be a table (gpu_type, count)")
     for key in cpu:
         if key not in _CPU_KEYS:
-            raise fail(f"cpu.{key}", cpu[key], f"unknown key (known: {', '.join(_CPU_KEYS)})")
+            shown = key or '""'  # an empty key is shown as ""
+            raise fail(f"cpu.{shown}", cpu[key], f"unknown key (known: {', '.join(_CPU_KEYS)})")
     gpu_type, count = cpu.get("gpu_type", "cpu"), cpu.get("count", 1)
     if not isinstance(gpu_type, str) or not gpu_type.strip():
         raise fail("cpu.gpu_type", gpu_type, "must be a non-empty type name")

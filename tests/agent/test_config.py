@@ -71,6 +71,9 @@ def test_nvml_mode_with_type_override_calibration_and_probe() -> None:
         ({"devices": "nvml", "peers": [":8471"]}, "peers[0]", "':8471'"),
         ({"devices": "nvml", "peers": [8471]}, "peers[0]", "8471"),
         ({"devices": "nvml", "calibration": "start"}, "calibration", "'start'"),
+        # an empty key is named as "" (found by tests/fuzz/test_config_fuzz.py)
+        ({"emulated": {"": []}}, 'emulated.""', "[]"),
+        ({"devices": "cpu", "cpu": {"": 1}}, 'cpu.""', "1"),
     ],
 )
 def test_errors_name_file_key_and_value(extra: dict[str, Any], key: str, value: str) -> None:

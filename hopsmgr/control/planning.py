@@ -129,12 +129,45 @@ def _on_freed_gpus(
     return within_budget(extra, request.profiling_budget - len(runs))
 
 
+def _left_waiting(
+    request: PlanRequest,
+    estimator: Estimator,
+    plan: Plan,
+    runs: list[ProfilingRun],
+    queued: list[JobSpec],
+    avoid: frozenset[str],
+) -> list[ProfilingRun]:
+    """Runs for the queued jobs' missing GPU types, for those the plan leaves waiting, on the GPUs it
+    leaves idle (none on servers reserved for a waiting job), within what is left of the budget."""
+    waiting = [j for j in queued if j.id not in plan.assignments]
+    if not waiting:
+        return []
+    used: dict[str, int] = {sid: request.snapshot.capacity.get(sid, 0) for sid in avoid}
+    for r in runs:
+        used[r.server_id] = used.get(r.server_id, 0) + 1
+    for config in plan.assignments.values():
+        for sid, g in config.parts:
+            used[sid] = used.get(sid, 0) + g
+    extra = profiling_runs(waiting, request.snapshot, estimator, used)
+    return within_budget(extra, request.profiling_budget - len(runs))
+
+
 def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, timer: Timer) -> PlanReady:
     """The PlanReady event that answers `request`."""
     t0 = timer()
     snapshot = request.snapshot
     avoid: frozenset[str] = getattr(policy, "reserved_servers", frozenset())
-    runs = choose_profiling(request, estimator, avoid) if request.to_profile else []
+    # [ours] With a policy that `plans_before_profiling` (Hops), jobs with no profile yet (no view:
+    # nothing to plan) are profiled first, on idle GPUs, and a queued job missing a GPU type's profile
+    # is planned first and profiled only if the plan leaves it waiting, on the GPUs the plan leaves
+    # idle: a run taken before the plan kept such a job out of plans until the run ended (a profile's
+    # length, 60 s in the simulator) while GPUs it could use stood idle. Other policies profile first.
+    new, queued = tuple(request.to_profile), []
+    if getattr(policy, "plans_before_profiling", False):
+        planned_ids = {v.id for v in snapshot.jobs}
+        new = tuple(j for j in request.to_profile if j.id not in planned_ids)
+        queued = [j for j in request.to_profile if j.id in planned_ids]
+    runs = choose_profiling(replace(request, to_profile=new), estimator, avoid) if new else []
     profiled = {r.job_id for r in runs}
     capacity = dict(snapshot.capacity)
     for r in runs:
@@ -145,6 +178,7 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
     else:
         plan = Plan(request.kind, snapshot.now, {})
     runs += _on_freed_gpus(request, estimator, plan, runs)
+    runs += _left_waiting(request, estimator, plan, runs, queued, avoid)
     return PlanReady(request.stimulus_id, request.request_id, plan, tuple(runs), timer() - t0)
 
 

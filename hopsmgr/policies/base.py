@@ -35,6 +35,11 @@ class Policy(Protocol):
 class HopsPolicy:
     """The Hops planner (hopsmgr.core.planner) with the priority its settings name."""
 
+    # [ours] A queued job missing a GPU type's profile is planned before it is profiled there
+    # (hopsmgr.control.planning.compute_plan). The baselines keep profiling first, as Sia profiles a
+    # job on every GPU type before it schedules it.
+    plans_before_profiling = True
+
     def __init__(self, settings: SchedulerSettings, name: str = "hops") -> None:
         self.settings = settings
         self.name = name

@@ -36,6 +36,7 @@ from hopsmgr.control.planning import STARVED_ROUNDS
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, TenantQuota
 from hopsmgr.core.plan import Plan
+from hopsmgr.policies.registry import make_policy
 from tests.control.harness import PROFILE, SERVERS, Harness, PlanReady, spec
 
 
@@ -282,4 +283,49 @@ def test_submissions_to_a_full_cluster_ask_for_no_plan_until_a_gpu_is_freed() ->
     out = h.feed(AttemptEnded(h.stimulus(), first.attempt_id, "exited", 0))
     out += h.feed(JobSubmitted(h.stimulus(), spec("w3", at=h.now)))
     assert len(h.of(PlanSoon, out)) == 1
+    h.close()
+
+
+def profiled_on_v100_only(h: Harness, job_id: str, gpus: tuple[int, ...]) -> None:
+    """Submit a job while the p100 server is drained: profiled on v100 alone, it queues."""
+    h.feed(NodeDrained(h.stimulus(), "p100-1", True))
+    h.feed(JobSubmitted(h.stimulus(), spec(job_id, gpus, samples=1e9, at=h.now)))
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    runs = [r for r in h.of(StartProfiling, out) if r.job_id == job_id]
+    assert [r.gpu_type for r in runs] == ["v100"], runs
+    for run in runs:
+        h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
+        h.feed(AttemptEnded(h.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+    assert h.machine.state.jobs[job_id].state == JobState.QUEUED
+    h.feed(NodeDrained(h.stimulus(), "p100-1", False))
+
+
+def test_a_queued_job_missing_a_types_profile_is_placed_before_it_is_profiled_there(
+    harness: Harness,
+) -> None:
+    """A queued job profiled on one GPU type only is planned first: placed on idle GPUs at once, it
+    gets no profiling run on the other type (a run taken before the plan kept it out of plans for the
+    run's length, GPUs idle meanwhile). One the plan leaves waiting is profiled on the GPUs it leaves
+    idle."""
+    h = harness
+    profiled_on_v100_only(h, "j1", (1,))
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert h.of(StartProfiling, out) == []
+    assert [c.job_id for c in h.of(LaunchAttempt, out)] == ["j1"]
+    # all ten GPUs at once: it waits while j1 runs, and the plan leaves nine idle for its p100 run
+    profiled_on_v100_only(h, "j2", (10,))
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert [(r.job_id, r.gpu_type) for r in h.of(StartProfiling, out)] == [("j2", "p100")]
+    assert h.of(LaunchAttempt, out) == []
+
+
+@pytest.mark.parametrize("baseline", ["sia-lr", "gavel-lr", "fifo"])
+def test_the_baselines_profile_a_queued_job_before_they_plan_it(baseline: str) -> None:
+    """Sia profiles a job on every GPU type before it schedules it: the baselines keep that order."""
+    settings = ControlSettings()
+    h = Harness(policy=make_policy(baseline, settings.scheduler))
+    profiled_on_v100_only(h, "j1", (1,))
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    assert [(r.job_id, r.gpu_type) for r in h.of(StartProfiling, out)] == [("j1", "p100")]
+    assert h.of(LaunchAttempt, out) == []
     h.close()

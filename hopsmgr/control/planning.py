@@ -111,44 +111,25 @@ def _starved_s(request: PlanRequest) -> float:
     return STARVED_ROUNDS * request.round_s
 
 
-def _on_freed_gpus(
-    request: PlanRequest, estimator: Estimator, plan: Plan, runs: list[ProfilingRun]
-) -> list[ProfilingRun]:
-    """Runs for the starving jobs still without any, on the GPUs the plan leaves idle (those it takes
-    back from running work included), within what is left of the budget."""
-    starving = _starving(request, runs)
-    if not starving:
-        return []
-    used: dict[str, int] = {}
-    for r in runs:
-        used[r.server_id] = used.get(r.server_id, 0) + 1
-    for config in plan.assignments.values():
-        for sid, g in config.parts:
-            used[sid] = used.get(sid, 0) + g
-    extra = profiling_runs(starving, request.snapshot, estimator, used)
-    return within_budget(extra, request.profiling_budget - len(runs))
-
-
-def _left_waiting(
+def _on_idle_after(
+    specs: list[JobSpec],
     request: PlanRequest,
     estimator: Estimator,
     plan: Plan,
     runs: list[ProfilingRun],
-    queued: list[JobSpec],
-    avoid: frozenset[str],
+    closed: frozenset[str] = frozenset(),
 ) -> list[ProfilingRun]:
-    """Runs for the queued jobs' missing GPU types, for those the plan leaves waiting, on the GPUs it
-    leaves idle (none on servers reserved for a waiting job), within what is left of the budget."""
-    waiting = [j for j in queued if j.id not in plan.assignments]
-    if not waiting:
+    """Runs for `specs` on the GPUs the plan leaves idle (those it takes back from running work
+    included; none on `closed` servers), within what is left of the budget."""
+    if not specs:
         return []
-    used: dict[str, int] = {sid: request.snapshot.capacity.get(sid, 0) for sid in avoid}
+    used: dict[str, int] = {sid: request.snapshot.capacity.get(sid, 0) for sid in closed}
     for r in runs:
         used[r.server_id] = used.get(r.server_id, 0) + 1
     for config in plan.assignments.values():
         for sid, g in config.parts:
             used[sid] = used.get(sid, 0) + g
-    extra = profiling_runs(waiting, request.snapshot, estimator, used)
+    extra = profiling_runs(specs, request.snapshot, estimator, used)
     return within_budget(extra, request.profiling_budget - len(runs))
 
 
@@ -177,8 +158,11 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
         plan = policy.plan(replace(snapshot, capacity=capacity, jobs=views), estimator, request.kind, timer)
     else:
         plan = Plan(request.kind, snapshot.now, {})
-    runs += _on_freed_gpus(request, estimator, plan, runs)
-    runs += _left_waiting(request, estimator, plan, runs, queued, avoid)
+    # the starving jobs still without runs, then the queued jobs the plan leaves waiting (not on
+    # servers reserved for a waiting job)
+    runs += _on_idle_after(_starving(request, runs), request, estimator, plan, runs)
+    waiting = [j for j in queued if j.id not in plan.assignments]
+    runs += _on_idle_after(waiting, request, estimator, plan, runs, avoid)
     return PlanReady(request.stimulus_id, request.request_id, plan, tuple(runs), timer() - t0)
 
 

@@ -3,7 +3,9 @@
 A forecast names each simulated job's "model" after the live job whose profile it has (itself, or for
 a job that has not arrived yet the live job it copies), so the World interface of hopsmgr.sim.truth
 answers from the estimator: `true_rate` is the estimator's rate of the job (found by its key) on the
-configuration times the job's error factor in this future (log-normal, drawn once per job and future),
+configuration, the transfer prior where the job has no profile on a type (as the planner reads it:
+a job the plan places on such a type runs at that rate, not at none), times the job's error factor
+in this future (log-normal, drawn once per job and future),
 `profile` the template's profile as it was when the future began, `model` its checkpoint size and
 restart time.
 """
@@ -16,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.model import Calibration, Config, JobSpec, Server
+from hopsmgr.core.transfer import with_transfer
 from hopsmgr.sim.engine import job_key
 from hopsmgr.sim.truth import Parts, TrueModel
 
@@ -33,6 +36,7 @@ class EstimatedWorld:
         sigma: float,
     ) -> None:
         self.estimator = estimator
+        self.rates = with_transfer(estimator)  # what the planner reads, the transfer prior included
         self.templates = templates
         self.by_key = {job_key(job_id): spec for job_id, spec in jobs.items()}
         types = sorted({s.gpu_type for s in servers})
@@ -71,7 +75,7 @@ class EstimatedWorld:
         """The job's (`rng_key` names it) estimated rate now, times its error in this future."""
         spec = self.by_key.get(rng_key, self.templates[model])
         config = Config.of({s.id: g for s, g in config_parts})
-        rate = self.estimator.config_rate(spec, config, self.servers) or 0.0
+        rate = self.rates.config_rate(spec, config, self.servers) or 0.0
         return rate * self.factor(rng_key)
 
     def reference_rate(self, model: str, gpus: int, gpu_type: str | None = None) -> float:

@@ -300,3 +300,31 @@ def test_futures_space_their_rounds_out_as_they_go_on() -> None:
         first, later = plain.jobs[w.job_id].first_start, spaced.jobs[w.job_id].first_start
         assert first is not None and later is not None
         assert first - 1e-6 <= later <= first + max(round_s, 0.2 * (later - start)) + 1e-6
+
+
+def test_a_job_placed_on_a_type_it_was_never_profiled_on_runs_there_in_the_futures() -> None:
+    """The planner places a queued job on a GPU type it has no profile on through the transfer prior
+    (hopsmgr.core.transfer); the futures' world runs it there at that rate, not at none (which left
+    the job running forever in every future, with no finish forecast)."""
+    from random import Random
+
+    from hopsmgr.core.estimator import TimeProfile
+    from hopsmgr.core.model import Calibration, JobSpec, Server
+    from hopsmgr.core.transfer import with_transfer
+    from hopsmgr.forecast.world import EstimatedWorld
+    from hopsmgr.sim.engine import job_key
+
+    fast, slow = Server("v1", "v100", 2), Server("k1", "k80", 2)
+    estimator = Estimator()
+    both = TimeProfile(tf_s=0.02, tb_s=0.04, tu_s=0.005, td_hit_s=0.001, td_miss_s=0.001)
+    for job_id in ("old-1", "old-2"):  # profiled on both types: the types' ratio
+        estimator.add_profile(job_id, "v100", both, Calibration())
+        estimator.add_profile(job_id, "k80", replace(both, tf_s=0.06, tb_s=0.12), Calibration())
+    spec = JobSpec("new", RequirementSet.of([1]), 1e6, 32)
+    estimator.add_profile("new", "k80", replace(both, tf_s=0.06, tb_s=0.12), Calibration())
+    world = EstimatedWorld(estimator, {"new": spec}, {"new": spec}, (fast, slow), Random(0), 0.0)
+    prior = with_transfer(estimator).per_gpu_rate(spec, fast, 1)
+    assert prior is not None and prior > 0
+    on_fast = world.true_rate("new", [(fast, 1)], job_key("new"))
+    on_slow = world.true_rate("new", [(slow, 1)], job_key("new"))
+    assert on_fast == pytest.approx(prior) and on_fast > on_slow > 0

@@ -96,12 +96,20 @@ def _per_sample(job: JobSpec, ctx: PriorityContext) -> float:
     return weighted / known_share / job.requirements.mean
 
 
+# [ours] The shortest expected run time: a second. Ratios over a job's age (its wait over it) stay
+# finite for any positive work, however small (the API takes iterations down to 5e-324, whose age
+# underflowed to a few denormals and made the latency ratio infinite).
+MIN_RUN_S = 1.0
+
+
 def expected_run_s(job: JobSpec, ctx: PriorityContext) -> float:
-    """The job's age: run time without waiting, sum_type P(type) * samples / (rate(type) * R_avg).
+    """The job's age: run time without waiting, sum_type P(type) * samples / (rate(type) * R_avg),
+    at least MIN_RUN_S.
 
     P is renormalised over the types with a known rate; math.inf when no rate is known at all.
     """
-    return job.total_samples * _seconds_per_sample(job, ctx)
+    age = job.total_samples * _seconds_per_sample(job, ctx)
+    return max(age, MIN_RUN_S) if math.isfinite(age) else age
 
 
 def remaining_run_s(view: JobView, ctx: PriorityContext) -> float:

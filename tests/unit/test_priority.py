@@ -354,3 +354,16 @@ def test_ilp_weights_positive_and_order_preserving(values: dict[str, float], lam
         for b in values:
             if values[a] < values[b]:
                 assert weights[a] <= weights[b]
+
+
+@pytest.mark.parametrize("kind", sorted(PRIORITY_KINDS))
+def test_a_job_with_the_smallest_positive_work_gets_a_finite_priority(kind: str) -> None:
+    """Work of 5e-324 samples (the API takes it: positive) once made the latency ratio infinite and
+    the plan fail (found by the OpenAPI fuzz test through a what-if forecast)."""
+    tiny = JobSpec(id="j", requirements=RequirementSet.of([2, 4]), total_samples=5e-324, batch_size=1)
+    view = JobView(tiny, waited_s=30.0)
+    ctx = ctx_2t()
+    assert expected_run_s(tiny, ctx) == 1.0 and latency_ratio(view, ctx) == 30.0
+    values = priority_values(kind, [view], ctx)
+    assert all(math.isfinite(v) for v in values.values()), values
+    assert ilp_weights(values, 1.0)

@@ -14,6 +14,7 @@ have ended).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -54,7 +55,7 @@ from hopsmgr.control.events import (
     RoundTick,
     StateRestored,
 )
-from hopsmgr.control.records import Attempt, ControlState, Job, Node
+from hopsmgr.control.records import Attempt, ControlState, EndedJob, Job, Node
 from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota, spans_types
@@ -83,6 +84,7 @@ class ControlSettings:
 
 
 IDLE_RECHECK_S = 1.0
+RECENTLY_ENDED = 256  # completed jobs kept for the forecasts' arrival process (a sample of the recent)
 
 
 class SchedulerMachine:
@@ -115,6 +117,7 @@ class SchedulerMachine:
         # between, within IDLE_RECHECK_S) take the cluster as still full
         self._no_idle_at: float | None = None
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
+        self.recently_ended: deque[EndedJob] = deque(maxlen=RECENTLY_ENDED)  # profiled, completed
         self._records: list[Record] = []
         self._out: list[Command] = []
         self._stimulus = ""
@@ -156,6 +159,13 @@ class SchedulerMachine:
             out = [Persist(self._stimulus, tuple(self._records)), *out]
         self._records, self._out = [], []
         return out
+
+    def _keep_ended(self, job: Job) -> None:
+        est = self.estimator
+        found = ((t, est.profile_of(job.id, t)) for t in sorted(est.profiled_types(job.id)))
+        profiles = tuple((t, *p) for t, p in found if p is not None)
+        if profiles:
+            self.recently_ended.append(EndedJob(job.spec, job.submitted, profiles))
 
     def forget(self, job_id: str) -> None:
         """Undo a submission whose records could not be stored (the driver's transaction failed)."""
@@ -208,6 +218,8 @@ class SchedulerMachine:
             JobChange(job.id, old, new, self._now, kind, message, job.counters(), job.has_checkpoint)
         )
         if new not in LIVE:
+            if new == JobState.COMPLETED:
+                self._keep_ended(job)
             self.state.pop_job(job.id)
             self.estimator.forget(job.id)
             if new != JobState.COMPLETED:  # --after: what waits for it can never start

@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import Config, JobId, JobSpec, Server, ServerId, TenantQuota
+from hopsmgr.core.model import Calibration, Config, JobId, JobSpec, Server, ServerId, TenantQuota
 
 
 class NodeHealth:
@@ -20,6 +21,17 @@ class NodeHealth:
     SUSPECT = "SUSPECT"
     LOST = "LOST"
     UNKNOWN = "UNKNOWN"  # configured, no heartbeat yet since the machine started
+
+
+@dataclass(frozen=True, slots=True)
+class EndedJob:
+    """A job that ran to completion, as the machine knew it when it ended: its spec, when it was
+    submitted and its profiles ((GPU type, profile, calibration measured on)). The forecasts draw new
+    jobs from recent submissions, ended ones included (hopsmgr.forecast.future)."""
+
+    spec: JobSpec
+    submitted: float
+    profiles: tuple[tuple[str, TimeProfile, Calibration], ...]
 
 
 @dataclass(slots=True)

@@ -16,7 +16,9 @@ hopsmgr.forecast.policy (the Hops planner for the first plans, then Hops' order,
 
 from __future__ import annotations
 
+import bisect
 import copy
+import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -26,7 +28,7 @@ from typing import Any
 from hopsmgr.control.commands import JobChange, LaunchAttempt
 from hopsmgr.control.events import AttemptEnded, AttemptStarted, NodeBeat, RoundTick, StateRestored
 from hopsmgr.control.machine import SchedulerMachine
-from hopsmgr.control.records import Attempt, Job, NodeHealth
+from hopsmgr.control.records import Attempt, EndedJob, Job, NodeHealth
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobSpec, JobView, Server, ServerId, TenantQuota
@@ -58,6 +60,7 @@ class LiveState:
     round_s: float = 300.0
     next_round: float = 0.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
+    ended: tuple[EndedJob, ...] = ()  # completed jobs submitted within the window (a recent sample)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +151,15 @@ class Future(Simulation):
         templates = {j.id: j.spec for j in jobs}
         workload = [_workload(j.spec, j.spec.submit_time, j.id) for j in jobs]
         specs = dict(templates)
-        if options.arrivals and profiled and live.recent:
+        pool, weights, ended = _arrival_pool(live, jobs, profiled, types)
+        if options.arrivals and pool and live.recent:
+            templates.update((e.spec.id, e.spec) for e in ended)
             until = live.now + min(options.horizon_s, _drain_s(live, jobs, estimator))
-            for w in _arrivals(live, profiled, rng, options, until):
+            for w in _arrivals(live, pool, weights, rng, options, until):
                 workload.append(w)
                 specs[w.job_id] = replace(templates[w.model], id=w.job_id, submit_time=w.arrival_s)
-        world = EstimatedWorld(estimator, templates, specs, live.servers, rng, options.sigma)
+        extra = {e.spec.id: {t: p for t, p, _ in e.profiles} for e in ended}
+        world = EstimatedWorld(estimator, templates, specs, live.servers, rng, options.sigma, extra)
         sim_options = SimOptions(
             profiling=False,
             observe_every_s=1e18,
@@ -309,18 +315,50 @@ def _drain_s(live: LiveState, jobs: Sequence[Job], estimator: Estimator) -> floa
     return 1.5 * (work / total + longest) + live.round_s
 
 
+def _arrival_pool(
+    live: LiveState, jobs: Sequence[Job], profiled: Sequence[Job], types: set[str]
+) -> tuple[list[tuple[str, JobSpec]], list[float], list[EndedJob]]:
+    """What new jobs are copies of, with their weights, and the ended jobs among them: the jobs
+    submitted within the window, live or completed since. Live jobs alone would be a survivor's
+    sample (the long and wide jobs stay, the short ones have ended): a queue that grows would be
+    forecast to grow faster. Each kept completed job stands for its share of the window's ended
+    submissions (the machine keeps a recent sample of them). No submission in the window with a
+    profile: every profiled live job, as before there were ended ones to go by."""
+    since = live.now - live.window_s
+    recent = sum(1 for t in live.recent if since <= t <= live.now)
+    live_recent = [j for j in profiled if j.submitted >= since]
+    ended_count = max(0, recent - sum(1 for j in jobs if j.submitted >= since))
+    ids = {j.id for j in jobs}
+    ended = [
+        e
+        for e in live.ended
+        if ended_count
+        and e.submitted >= since
+        and e.spec.id not in ids
+        and any(t in types for t, _, _ in e.profiles)
+    ]
+    pool = [(j.id, j.spec) for j in live_recent] + [(e.spec.id, e.spec) for e in ended]
+    if not pool:
+        return [(j.id, j.spec) for j in profiled], [1.0] * len(profiled), []
+    weights = [1.0] * len(live_recent) + [ended_count / len(ended) if ended else 0.0] * len(ended)
+    return pool, weights, ended
+
+
 def _arrivals(
     live: LiveState,
-    profiled: Sequence[Job],
+    pool: Sequence[tuple[str, JobSpec]],
+    weights: Sequence[float],
     rng: random.Random,
     options: FutureOptions,
     until: float,
 ) -> list[WorkloadJob]:
-    """New jobs as a Poisson process at the recent submission rate, each a copy of a live profiled job."""
+    """New jobs as a Poisson process at the recent submission rate, each a copy of a job of `pool`
+    (id, spec) drawn by `weights`."""
     recent = [t for t in live.recent if live.now - live.window_s <= t <= live.now]
     if not recent:
         return []
     rate = len(recent) / live.window_s
+    cumulative = list(itertools.accumulate(weights))
     out: list[WorkloadJob] = []
     t = live.now
     end = until
@@ -328,8 +366,9 @@ def _arrivals(
         t += rng.expovariate(rate)
         if t > end:
             break
-        template = rng.choice(list(profiled))
-        out.append(_workload(template.spec, t, template.id, f"f-{len(out) + 1:06d}"))
+        pick = bisect.bisect_right(cumulative, rng.random() * cumulative[-1])
+        template_id, spec = pool[min(pick, len(pool) - 1)]
+        out.append(_workload(spec, t, template_id, f"f-{len(out) + 1:06d}"))
     return out
 
 
@@ -417,4 +456,5 @@ def capture(
         round_s=round_s,
         next_round=now + round_s if next_round is None else next_round,
         scheduler=s.scheduler,
+        ended=tuple(e for e in machine.recently_ended if e.submitted >= now - window_s),
     )

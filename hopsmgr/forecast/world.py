@@ -34,6 +34,7 @@ class EstimatedWorld:
         servers: Sequence[Server],
         rng: random.Random,
         sigma: float,
+        profiles: Mapping[str, Mapping[str, TimeProfile]] | None = None,
     ) -> None:
         self.estimator = estimator
         self.rates = with_transfer(estimator)  # what the planner reads, the transfer prior included
@@ -41,7 +42,8 @@ class EstimatedWorld:
         self.by_key = {job_key(job_id): spec for job_id, spec in jobs.items()}
         types = sorted({s.gpu_type for s in servers})
         # the templates' profiles now: a template that ends in the future is forgotten by the estimator
-        self.profiles: dict[str, dict[str, TimeProfile]] = {}
+        # (`profiles`: of templates the estimator does not know, jobs that ended before the future began)
+        self.profiles: dict[str, dict[str, TimeProfile]] = {n: dict(p) for n, p in (profiles or {}).items()}
         for name in templates:
             for gpu_type in types:
                 found = estimator.profile_of(name, gpu_type)

@@ -328,3 +328,35 @@ def test_a_job_placed_on_a_type_it_was_never_profiled_on_runs_there_in_the_futur
     on_fast = world.true_rate("new", [(fast, 1)], job_key("new"))
     on_slow = world.true_rate("new", [(slow, 1)], job_key("new"))
     assert on_fast == pytest.approx(prior) and on_fast > on_slow > 0
+
+
+def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> None:
+    """Live jobs alone are a survivor's sample (short jobs end, long ones stay): a future's new jobs
+    copy the jobs submitted within the window, the completed ones kept by the machine included, each
+    standing for its share of the window's ended submissions."""
+    sim = started(0.0)
+    sim.advance(until=lambda: sim.jobs["j0"].final is not None)  # j0 completed: j1 runs, j2 waits
+    ended = list(sim.machine.recently_ended)
+    assert [e.spec.id for e in ended] == ["j0"] and {t for t, _, _ in ended[0].profiles} == {"rtx3090"}
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    assert [e.spec.id for e in live.ended] == ["j0"]
+    options = replace(GREEDY, arrivals=True)
+
+    def copied(state: Any) -> dict[str, float]:
+        drawn: list[str] = []
+        for seed in itertools.count():  # the futures' new jobs (each future draws a dozen or so)
+            future = Future(state, seed, options, Estimator.from_state(state.estimator))
+            drawn += [j.w.model for j in future.order if j.w.job_id.startswith("f-")]
+            if len(drawn) >= 2000:
+                return {m: drawn.count(m) / len(drawn) for m in set(drawn)}
+        raise AssertionError("unreachable")
+
+    # the window holds the three submissions: j0 (ended), j1 and j2 (live), a third each
+    window = replace(live, recent=(0.0, 1.0, 2.0), window_s=sim.now + 1.0)
+    shares = copied(window)
+    assert set(shares) == {"j0", "j1", "j2"} and all(0.28 < s < 0.39 for s in shares.values()), shares
+    # 58 submissions ended within the window, j0 the one kept: it stands for all 58
+    many = replace(window, recent=(0.0, 1.0, 2.0, *(3.0 + i for i in range(55))))
+    assert copied(many)["j0"] > 0.93
+    # none kept (a master just restarted): the live jobs, as before
+    assert set(copied(replace(window, ended=()))) == {"j1", "j2"}

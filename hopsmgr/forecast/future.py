@@ -6,8 +6,8 @@ the estimator's state) and of recent submissions, taken at `now`. `Future` is a 
 and attempts are handed over with `StateRestored`, running attempts go on at the estimator's rate
 (times this future's error, hopsmgr.forecast.world) from their progress, checkpoints being written end
 after the checkpoint's fixed time, and new jobs arrive as a Poisson process at the recent rate, each
-a copy of a live job. The machine then runs as in any simulation; `started` and `finished` record
-when each job launched and completed.
+a copy of a job submitted within the window (live, or completed since: `_arrival_pool`). The machine
+then runs as in any simulation; `started` and `finished` record when each job launched and completed.
 
 What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
 (of the same model when there is one) and are queued at once; plans are made by

@@ -160,13 +160,6 @@ class SchedulerMachine:
         self._records, self._out = [], []
         return out
 
-    def _keep_ended(self, job: Job) -> None:
-        est = self.estimator
-        found = ((t, est.profile_of(job.id, t)) for t in sorted(est.profiled_types(job.id)))
-        profiles = tuple((t, *p) for t, p in found if p is not None)
-        if profiles:
-            self.recently_ended.append(EndedJob(job.spec, job.submitted, profiles))
-
     def forget(self, job_id: str) -> None:
         """Undo a submission whose records could not be stored (the driver's transaction failed)."""
         job = self.state.pop_job(job_id)
@@ -218,8 +211,9 @@ class SchedulerMachine:
             JobChange(job.id, old, new, self._now, kind, message, job.counters(), job.has_checkpoint)
         )
         if new not in LIVE:
-            if new == JobState.COMPLETED:
-                self._keep_ended(job)
+            kept = EndedJob.of(job, self.estimator) if new == JobState.COMPLETED else None
+            if kept is not None:
+                self.recently_ended.append(kept)
             self.state.pop_job(job.id)
             self.estimator.forget(job.id)
             if new != JobState.COMPLETED:  # --after: what waits for it can never start

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from hopsmgr.core.estimator import TimeProfile
+from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Calibration, Config, JobId, JobSpec, Server, ServerId, TenantQuota
@@ -32,6 +32,13 @@ class EndedJob:
     spec: JobSpec
     submitted: float
     profiles: tuple[tuple[str, TimeProfile, Calibration], ...]
+
+    @classmethod
+    def of(cls, job: Job, estimator: Estimator) -> EndedJob | None:
+        """The job with its profiles as `estimator` holds them (None: it has none)."""
+        found = ((t, estimator.profile_of(job.id, t)) for t in sorted(estimator.profiled_types(job.id)))
+        profiles = tuple((t, *p) for t, p in found if p is not None)
+        return cls(job.spec, job.submitted, profiles) if profiles else None
 
 
 @dataclass(slots=True)

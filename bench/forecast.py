@@ -84,7 +84,7 @@ class Replay(Simulation):
             if started is not None and started <= self.now:
                 self.tracker.started(job_id, started)
         self.tracker.waiting(self.now)  # the rest still wait: those past their P90 are known misses
-        live = capture(self.machine, self.now, self.recent, next_round=self.next_round)
+        live = capture(self.machine, self.now, self.recent, next_round=self.next_round, observed_since=0.0)
         t0 = time.perf_counter()
         result = forecast(live, self.settings, time.perf_counter)
         self.forecast_ms.append((time.perf_counter() - t0) * 1000)

@@ -41,6 +41,7 @@ from hopsmgr.sim.engine import SimOptions, Simulation, _Run, _RunEnd, job_key
 from hopsmgr.sim.workload import WorkloadJob
 
 WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
+OBSERVED_MIN_S = 3600.0  # the shortest window of submissions a forecast takes the arrival rate over
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,11 +425,16 @@ def capture(
     next_round: float | None = None,
     copy_records: bool = True,
     with_estimator: bool = True,
+    observed_since: float | None = None,
 ) -> LiveState:
     """A copy of the machine's state at `now` that a forecast can run from (in another thread). With
     `copy_records` false its jobs and attempts are the machine's own objects: only for a caller that
     copies the result at once (pickles it for a worker process) before the machine changes them.
-    Without `with_estimator` its estimator state is left empty (for a worker that keeps its own copy)."""
+    Without `with_estimator` its estimator state is left empty (for a worker that keeps its own copy).
+    `observed_since`: when the caller began to note submissions; a window reaching back before then
+    would hold too few of them (the arrival rate of a master's or a replay's first hours divided by
+    the whole window), so it is cut there, to no less than OBSERVED_MIN_S (a few submissions over
+    minutes would give a rate as wrong the other way)."""
     state = machine.state
     s = machine.settings
     healthy = frozenset(
@@ -439,6 +445,8 @@ def capture(
         and now - n.exec_error_at >= s.exec_error_backoff_s
     )
     round_s = s.scheduler.round_seconds
+    if observed_since is not None:
+        window_s = min(window_s, max(now - observed_since, OBSERVED_MIN_S))
     jobs, attempts = list(state.jobs.values()), list(state.attempts.values())
     return LiveState(
         now=now,

@@ -123,6 +123,7 @@ class Forecaster:
         self.last_s = 0.0
         self.seen: set[str] = set()
         self.recent: deque[float] = deque(maxlen=20_000)
+        self.observed_since = ctl.clock()  # submissions are noted from here on (the window is cut here)
         self.made_ms: deque[float] = deque(maxlen=1000)
         # start intervals widened by how far recent jobs' starts were from their forecasts
         self.tracker = StartTracker(Residuals(round_s=ctl.config.scheduler.round_seconds))
@@ -154,6 +155,7 @@ class Forecaster:
             WINDOW_S,
             copy_records=not self.in_process,
             with_estimator=with_estimator,
+            observed_since=self.observed_since,
         )
 
     async def offload(self, fn: Callable[..., _T], *args: Any, what_if: bool = False) -> _T:

@@ -360,3 +360,30 @@ def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> 
     assert copied(many)["j0"] > 0.93
     # none kept (a master just restarted): the live jobs, as before
     assert set(copied(replace(window, ended=()))) == {"j1", "j2"}
+
+
+def test_the_arrival_window_is_cut_to_when_submissions_began_to_be_noted() -> None:
+    """Submissions noted for an hour and a half, spread over a six-hour window, would be a quarter of
+    the rate: the window is cut to when noting began (not below an hour: a few submissions over
+    minutes would give a rate as wrong the other way). The master cuts it at its forecaster's start,
+    bench/forecast.py at the replay's."""
+    sim = started(2.0)
+    now = 20_000.0
+    recent = tuple(now - 5400.0 + 60.0 * k for k in range(90))  # one a minute for an hour and a half
+
+    def window(since: float | None) -> float:
+        return capture(sim.machine, now, recent, next_round=now, observed_since=since).window_s
+
+    assert window(None) == 6 * 3600.0
+    assert window(now - 5400.0) == 5400.0
+    assert window(now - 600.0) == 3600.0
+    assert window(now - 30 * 3600.0) == 6 * 3600.0
+    settings = ForecastSettings(min_futures=1, max_futures=1, future=replace(GREEDY, arrivals=True))
+    cut = capture(sim.machine, now, recent, next_round=now, observed_since=now - 5400.0)
+    whole = capture(sim.machine, now, recent, next_round=now)
+    drawn = {}
+    for name, live in (("cut", cut), ("whole", whole)):
+        future = Future(live, 0, settings.future, Estimator.from_state(live.estimator))
+        arrivals = sorted(j.w.arrival_s for j in future.order if j.w.job_id.startswith("f-"))
+        drawn[name] = sum(1 for t in arrivals if t <= now + 3600.0)  # in the next hour: ~60 and ~15
+    assert drawn["cut"] > 40 and drawn["whole"] < 30, drawn

@@ -84,7 +84,7 @@ class ControlSettings:
 
 
 IDLE_RECHECK_S = 1.0
-RECENTLY_ENDED = 256  # completed jobs kept for the forecasts' arrival process (a sample of the recent)
+RECENTLY_ENDED = 256  # the latest completed jobs, kept for the forecasts' arrival process
 
 
 class SchedulerMachine:
@@ -118,6 +118,7 @@ class SchedulerMachine:
         self._no_idle_at: float | None = None
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self.recently_ended: deque[EndedJob] = deque(maxlen=RECENTLY_ENDED)  # profiled, completed
+        self.submissions: deque[float] = deque(maxlen=20_000)  # when accepted jobs were submitted
         self._records: list[Record] = []
         self._out: list[Command] = []
         self._stimulus = ""
@@ -319,6 +320,7 @@ class SchedulerMachine:
         job = Job(spec, JobState.PENDING, self._now, self._now)
         waits = state.waits_for(job)
         state.add_job(job)
+        self.submissions.append(self._now)  # the forecasts' arrival process
         self._records.append(
             JobChange(
                 spec.id,

@@ -152,14 +152,16 @@ class Future(Simulation):
         templates = {j.id: j.spec for j in jobs}
         workload = [_workload(j.spec, j.spec.submit_time, j.id) for j in jobs]
         specs = dict(templates)
-        pool, weights, ended = _arrival_pool(live, jobs, profiled, types)
-        if options.arrivals and pool and live.recent:
+        ended: list[EndedJob] = []
+        if options.arrivals and profiled and live.recent:
+            recent = [j for j in jobs if j.id in self.forecastable]  # profiled, or borrowing a profile
+            pool, weights, ended = _arrival_pool(live, jobs, recent, profiled, types)
             templates.update((e.spec.id, e.spec) for e in ended)
             until = live.now + min(options.horizon_s, _drain_s(live, jobs, estimator))
             for w in _arrivals(live, pool, weights, rng, options, until):
                 workload.append(w)
                 specs[w.job_id] = replace(templates[w.model], id=w.job_id, submit_time=w.arrival_s)
-        extra = {e.spec.id: {t: p for t, p, _ in e.profiles} for e in ended}
+        extra = {e.spec.id: {t: p for t, p, _ in e.profiles if t in types} for e in ended}
         world = EstimatedWorld(estimator, templates, specs, live.servers, rng, options.sigma, extra)
         sim_options = SimOptions(
             profiling=False,
@@ -317,17 +319,22 @@ def _drain_s(live: LiveState, jobs: Sequence[Job], estimator: Estimator) -> floa
 
 
 def _arrival_pool(
-    live: LiveState, jobs: Sequence[Job], profiled: Sequence[Job], types: set[str]
+    live: LiveState,
+    jobs: Sequence[Job],
+    forecastable: Sequence[Job],
+    profiled: Sequence[Job],
+    types: set[str],
 ) -> tuple[list[tuple[str, JobSpec]], list[float], list[EndedJob]]:
     """What new jobs are copies of, with their weights, and the ended jobs among them: the jobs
-    submitted within the window, live or completed since. Live jobs alone would be a survivor's
-    sample (the long and wide jobs stay, the short ones have ended): a queue that grows would be
-    forecast to grow faster. Each kept completed job stands for its share of the window's ended
-    submissions (the machine keeps a recent sample of them). No submission in the window with a
-    profile: every profiled live job, as before there were ended ones to go by."""
+    submitted within the window, live (`forecastable`: with a profile of their own or borrowed) or
+    completed since. Live jobs alone would be a survivor's sample (the long and wide jobs stay, the
+    short ones have ended): a queue that grows would be forecast to grow faster. The kept completed
+    jobs (the latest 256 to complete, `SchedulerMachine.recently_ended`) stand for all the window's
+    submissions that are no longer live, in equal shares. None of either: every `profiled` live job.
+    """
     since = live.now - live.window_s
     recent = sum(1 for t in live.recent if since <= t <= live.now)
-    live_recent = [j for j in profiled if j.submitted >= since]
+    live_recent = [j for j in forecastable if j.submitted >= since]
     ended_count = max(0, recent - sum(1 for j in jobs if j.submitted >= since))
     ids = {j.id for j in jobs}
     ended = [

@@ -4,8 +4,9 @@ Every `interval_s` (the round length, at least 5 s, and at least DUTY_FACTOR tim
 forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
 copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to the forecast worker
 that runs hopsmgr.forecast.run.forecast within `budget_s`; the answer replaces `ctl.forecasts` (job id
--> JobForecast), which the API's job summaries and explanations show. Submission times seen in live
-jobs form the recent arrival process the futures draw new jobs from.
+-> JobForecast), which the API's job summaries and explanations show. The state machine's submission
+times (`SchedulerMachine.submissions`, since this master began to lead) form the recent arrival
+process the futures draw new jobs from.
 
 Where the master plans in a process of its own (`master.planner = "process"`, the default), forecasts
 and what-ifs run in two worker processes of their own too (hopsmgr.master.worker: niced, started on
@@ -121,8 +122,6 @@ class Forecaster:
         self.settings = settings or ForecastSettings()
         self.interval_s = max(5.0, ctl.config.scheduler.round_seconds)
         self.last_s = 0.0
-        self.seen: set[str] = set()
-        self.recent: deque[float] = deque(maxlen=20_000)
         self.observed_since = ctl.clock()  # submissions are noted from here on (the window is cut here)
         self.made_ms: deque[float] = deque(maxlen=1000)
         # start intervals widened by how far recent jobs' starts were from their forecasts
@@ -219,20 +218,9 @@ class Forecaster:
                 raise
             self.held.update(rows)
 
-    def _note_arrivals(self) -> None:
-        """Note the submission of every live job not seen before. Only live jobs' ids are remembered
-        (an ended job does not come back), so the set stays the size of the queue over months."""
-        seen, live = self.seen, set()
-        for job in self.ctl.machine.state.jobs.values():
-            live.add(job.id)
-            if job.id not in seen:
-                self.recent.append(job.submitted)
-        self.seen = live
-
     def recent_arrivals(self, now: float) -> list[float]:
         """Submission times of the last WINDOW_S (the arrival process futures draw new jobs from)."""
-        self._note_arrivals()
-        return [t for t in self.recent if t >= now - WINDOW_S]
+        return [t for t in self.ctl.machine.submissions if t >= now - WINDOW_S]
 
     def _note_starts(self) -> None:
         jobs = self.ctl.machine.state.jobs
@@ -246,7 +234,6 @@ class Forecaster:
 
     async def once(self) -> None:
         ctl = self.ctl
-        self._note_arrivals()  # also when nothing waits: the arrival process counts every submission
         self._note_starts()
         if not any(ctl.machine.state.counts.get(s) for s in WAITING):
             ctl.forecasts = {}

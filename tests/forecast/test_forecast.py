@@ -336,6 +336,7 @@ def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> 
     standing for its share of the window's ended submissions."""
     sim = started(0.0)
     sim.advance(until=lambda: sim.jobs["j0"].final is not None)  # j0 completed: j1 runs, j2 waits
+    assert list(sim.machine.submissions) == [0.0, 1.0, 2.0]  # the master's arrival process
     ended = list(sim.machine.recently_ended)
     assert [e.spec.id for e in ended] == ["j0"] and {t for t, _, _ in ended[0].profiles} == {"rtx3090"}
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
@@ -344,12 +345,12 @@ def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> 
 
     def copied(state: Any) -> dict[str, float]:
         drawn: list[str] = []
-        for seed in itertools.count():  # the futures' new jobs (each future draws a dozen or so)
+        for seed in range(1000):  # the futures' new jobs (each future draws a dozen or so)
             future = Future(state, seed, options, Estimator.from_state(state.estimator))
             drawn += [j.w.model for j in future.order if j.w.job_id.startswith("f-")]
             if len(drawn) >= 2000:
                 return {m: drawn.count(m) / len(drawn) for m in set(drawn)}
-        raise AssertionError("unreachable")
+        raise AssertionError(f"the futures drew {len(drawn)} new jobs")
 
     # the window holds the three submissions: j0 (ended), j1 and j2 (live), a third each
     window = replace(live, recent=(0.0, 1.0, 2.0), window_s=sim.now + 1.0)
@@ -358,6 +359,12 @@ def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> 
     # 58 submissions ended within the window, j0 the one kept: it stands for all 58
     many = replace(window, recent=(0.0, 1.0, 2.0, *(3.0 + i for i in range(55))))
     assert copied(many)["j0"] > 0.93
+    # two kept: they share the ended submission's third; one submitted before the window: left out
+    twin = replace(ended[0], spec=replace(ended[0].spec, id="j0-twin"))
+    old = replace(ended[0], spec=replace(ended[0].spec, id="j0-old"), submitted=-10.0)
+    shares = copied(replace(window, ended=(ended[0], twin, old)))
+    assert set(shares) == {"j0", "j0-twin", "j1", "j2"}, shares
+    assert 0.12 < shares["j0"] < 0.22 and 0.12 < shares["j0-twin"] < 0.22 and shares["j1"] > 0.28, shares
     # none kept (a master just restarted): the live jobs, as before
     assert set(copied(replace(window, ended=()))) == {"j1", "j2"}
 

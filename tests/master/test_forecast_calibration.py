@@ -4,11 +4,12 @@ P90 first shown for them (misses above, known before they start)."""
 
 from __future__ import annotations
 
+from collections import deque
 from types import SimpleNamespace
 
 from hopsmgr.forecast.calibrate import TAIL
 from hopsmgr.forecast.future import JobForecast
-from hopsmgr.master.forecasts import Forecaster
+from hopsmgr.master.forecasts import WINDOW_S, Forecaster
 
 
 def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() -> None:
@@ -46,21 +47,19 @@ def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() ->
         fc.close()
 
 
-def test_the_arrivals_remembered_are_the_live_jobs_only() -> None:
-    """Each live job's submission is noted once; ended jobs are forgotten, so the set of seen ids does
-    not grow with every job the master ever ran."""
-    jobs = {f"j{k}": SimpleNamespace(id=f"j{k}", submitted=float(k)) for k in range(3)}
+def test_the_arrival_process_is_the_machines_submissions_of_the_window() -> None:
+    """Every accepted submission counts, also a job that ended between two forecasts (which a look at
+    the live jobs each round would miss), and only those of the last WINDOW_S."""
+    submissions = deque([0.0, 10.0, 7_000.0, 9_000.0])
     config = SimpleNamespace(
         scheduler=SimpleNamespace(round_seconds=100.0), master=SimpleNamespace(planner="thread")
     )
-    machine = SimpleNamespace(state=SimpleNamespace(jobs=jobs), estimator=None)
+    machine = SimpleNamespace(state=SimpleNamespace(jobs={}), estimator=None, submissions=submissions)
     ctl = SimpleNamespace(config=config, machine=machine, clock=lambda: 10.0, forecasts={})
     fc = Forecaster(ctl)  # type: ignore[arg-type]
     try:
-        assert fc.recent_arrivals(10.0) == [0.0, 1.0, 2.0]
-        del jobs["j0"], jobs["j1"]
-        jobs["j3"] = SimpleNamespace(id="j3", submitted=3.0)
-        assert fc.recent_arrivals(10.0) == [0.0, 1.0, 2.0, 3.0]  # j2 not noted twice, ended ones kept
-        assert fc.seen == {"j2", "j3"}
+        assert fc.observed_since == 10.0
+        assert fc.recent_arrivals(12.0) == [0.0, 10.0, 7_000.0, 9_000.0]
+        assert fc.recent_arrivals(10.0 + WINDOW_S) == [10.0, 7_000.0, 9_000.0]
     finally:
         fc.close()

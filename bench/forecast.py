@@ -71,20 +71,20 @@ class Replay(Simulation):
         self.settings = settings
         self.forecasts: dict[str, tuple[float, float | None, float | None, float | None]] = {}
         self.forecast_ms: list[float] = []
-        self.recent: list[float] = []
         # as the master does (hopsmgr.master.forecasts): intervals widened by recent residuals
         self.tracker = StartTracker(Residuals(round_s=self.policy.round_seconds))
         self.raw: dict[str, tuple[float | None, float | None]] = {}
 
     def _arrive(self, job: Any) -> None:
         super()._arrive(job)
-        self.recent.append(self.now)
         for job_id in list(self.tracker.first):
             started = self.jobs[job_id].first_start
             if started is not None and started <= self.now:
                 self.tracker.started(job_id, started)
         self.tracker.waiting(self.now)  # the rest still wait: those past their P90 are known misses
-        live = capture(self.machine, self.now, self.recent, next_round=self.next_round, observed_since=0.0)
+        live = capture(
+            self.machine, self.now, self.machine.submissions, next_round=self.next_round, observed_since=0.0
+        )
         t0 = time.perf_counter()
         result = forecast(live, self.settings, time.perf_counter)
         self.forecast_ms.append((time.perf_counter() - t0) * 1000)

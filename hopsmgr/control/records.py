@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import Calibration, Config, JobId, JobSpec, Server, ServerId, TenantQuota
+from hopsmgr.core.model import Config, JobId, JobSpec, Server, ServerId, TenantQuota
 
 
 class NodeHealth:
@@ -26,18 +26,18 @@ class NodeHealth:
 @dataclass(frozen=True, slots=True)
 class EndedJob:
     """A job that ran to completion, as the machine knew it when it ended: its spec, when it was
-    submitted and its profiles ((GPU type, profile, calibration measured on)). The forecasts draw new
+    submitted and its profiles ((GPU type, profile)). The forecasts draw new
     jobs from recent submissions, ended ones included (hopsmgr.forecast.future)."""
 
     spec: JobSpec
     submitted: float
-    profiles: tuple[tuple[str, TimeProfile, Calibration], ...]
+    profiles: tuple[tuple[str, TimeProfile], ...]
 
     @classmethod
     def of(cls, job: Job, estimator: Estimator) -> EndedJob | None:
         """The job with its profiles as `estimator` holds them (None: it has none)."""
         found = ((t, estimator.profile_of(job.id, t)) for t in sorted(estimator.profiled_types(job.id)))
-        profiles = tuple((t, *p) for t, p in found if p is not None)
+        profiles = tuple((t, p[0]) for t, p in found if p is not None)
         return cls(job.spec, job.submitted, profiles) if profiles else None
 
 

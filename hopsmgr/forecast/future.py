@@ -161,7 +161,7 @@ class Future(Simulation):
             for w in _arrivals(live, pool, weights, rng, options, until):
                 workload.append(w)
                 specs[w.job_id] = replace(templates[w.model], id=w.job_id, submit_time=w.arrival_s)
-        extra = {e.spec.id: {t: p for t, p, _ in e.profiles if t in types} for e in ended}
+        extra = {e.spec.id: {t: p for t, p in e.profiles if t in types} for e in ended}
         world = EstimatedWorld(estimator, templates, specs, live.servers, rng, options.sigma, extra)
         sim_options = SimOptions(
             profiling=False,
@@ -343,7 +343,7 @@ def _arrival_pool(
         if ended_count
         and e.submitted >= since
         and e.spec.id not in ids
-        and any(t in types for t, _, _ in e.profiles)
+        and any(t in types for t, _ in e.profiles)
     ]
     pool = [(j.id, j.spec) for j in live_recent] + [(e.spec.id, e.spec) for e in ended]
     if not pool:

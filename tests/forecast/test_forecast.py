@@ -338,7 +338,7 @@ def test_futures_draw_new_jobs_from_recent_submissions_ended_ones_included() -> 
     sim.advance(until=lambda: sim.jobs["j0"].final is not None)  # j0 completed: j1 runs, j2 waits
     assert list(sim.machine.submissions) == [0.0, 1.0, 2.0]  # the master's arrival process
     ended = list(sim.machine.recently_ended)
-    assert [e.spec.id for e in ended] == ["j0"] and {t for t, _, _ in ended[0].profiles} == {"rtx3090"}
+    assert [e.spec.id for e in ended] == ["j0"] and {t for t, _ in ended[0].profiles} == {"rtx3090"}
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
     assert [e.spec.id for e in live.ended] == ["j0"]
     options = replace(GREEDY, arrivals=True)

@@ -25,8 +25,10 @@ BIAS_EPSILON = 0.01
 PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 
 # [ours] The latency ratio past which the "srtf_lr" priority lets a job climb over the shortest-remaining
-# order: a job that has waited as long as it would run (`srtf_lr_value`).
-DEFAULT_LR_GUARD = 1.0
+# order (`srtf_lr_value`): a job that has waited twice as long as it would run. With 1, under a deep
+# queue nearly every job passed its guard and the order became the latency ratio's, SRTF only breaking
+# near-ties (Gavel's trace d3: 0.85 of Gavel's best average JCT with 1, 0.78 with 2; docs/results.md).
+DEFAULT_LR_GUARD = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +215,7 @@ def priority_values(kind: str, views: Sequence[JobView], ctx: PriorityContext) -
     - "sjf": 1 / (1 + age in hours) (shortest expected run first);
     - "srtf": 1 / (1 + remaining run in hours) (shortest remaining first);
     - "ftf": Themis rho = T_shared / T_ideal (the job furthest behind its fair finish first);
-    - "srtf_lr": the SRTF value plus max(0, latency ratio - 1), times the tenant's weight
+    - "srtf_lr": the SRTF value plus max(0, latency ratio - DEFAULT_LR_GUARD), times the tenant's weight
       (`srtf_lr_value`; the planner projects the ratio over its horizon and reads the guard from the
       settings).
 

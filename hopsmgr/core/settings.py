@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Literal
 
+from hopsmgr.core.priority import DEFAULT_LR_GUARD
+
 PriorityKind = Literal["latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr"]
 PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 SolverMode = Literal["auto", "exact", "classes"]
@@ -36,7 +38,9 @@ class SchedulerSettings:
     preemption_cost: bool = True
     projected_priority: bool = True
     move_min_gain: float = 0.15  # [ours] a same-count move that frees no room must gain this much
-    lr_guard: float = 1.0  # [ours] "srtf_lr": the latency ratio past which a job climbs over the SRTF order
+    lr_guard: float = (
+        DEFAULT_LR_GUARD  # [ours] "srtf_lr": the latency ratio past which a job climbs over SRTF
+    )
     # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
     # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its
     # expected run time assumes (then w x G with the srtf_lr priority is the share of the job's

@@ -477,7 +477,9 @@ def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) ->
         running_s=500.0,
         attempt_s=500.0,
     )
-    settings_ = SchedulerSettings(solver="exact", priority="srtf_lr", projected_priority=projected)
+    settings_ = SchedulerSettings(
+        solver="exact", priority="srtf_lr", projected_priority=projected, lr_guard=1.0
+    )
     plan = plan_round(snapshot(servers, [running, queued]), est, settings_)
 
     def srtf(view: JobView) -> float:

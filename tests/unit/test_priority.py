@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from hopsmgr.core.model import Config, GpuType, JobSpec, JobView, RequirementSet
 from hopsmgr.core.priority import (
+    DEFAULT_LR_GUARD,
     PRIORITY_KINDS,
     PriorityContext,
     estimated_wait_s,
@@ -169,7 +170,7 @@ def ctx_q(**kw: object) -> PriorityContext:
         ("las", ["b", "c", "a"]),  # attained 0 < 1000 < 5000
         ("sjf", ["b", "c", "a"]),  # age 200 < 500 < 1000
         ("srtf", ["a", "b", "c"]),  # remaining 100 < 200 < 500
-        ("srtf_lr", ["a", "b", "c"]),  # every LR below the guard (1): as srtf
+        ("srtf_lr", ["a", "b", "c"]),  # every LR below the guard (2): as srtf
         ("latency_ratio", ["c", "b", "a"]),  # LR 0.8 > 0.5 > 0.1
         # rho: a (1000 + 100) / 1000 = 1.1, b (990 + 200) / 200 = 5.95, c (980 + 500) / 500 = 2.96
         ("ftf", ["b", "c", "a"]),
@@ -201,17 +202,21 @@ def test_srtf_lr_values_hand_computed() -> None:
     assert values == pytest.approx(
         {"a": 1 / (1 + 100 / 3600), "b": 1 / (1 + 200 / 3600), "c": 1 / (1 + 500 / 3600)}
     )
-    # past it, the ratio's excess is added: c has waited 1,500 s on an age of 500 (LR 3): + 2
+    # past it, the ratio's excess is added: c has waited 1,500 s on an age of 500 (LR 3): + 1 over the
+    # default guard of 2, + 2 over a guard of 1
     late = JobView(spec=spec("c", 20.0, 500.0), waited_s=1500.0)
-    assert srtf_lr_value(late, ctx_q()) == pytest.approx(1 / (1 + 500 / 3600) + 2.0)
+    assert DEFAULT_LR_GUARD == 2.0
+    assert srtf_lr_value(late, ctx_q()) == pytest.approx(1 / (1 + 500 / 3600) + 1.0)
+    assert srtf_lr_value(late, ctx_q(), guard=1.0) == pytest.approx(1 / (1 + 500 / 3600) + 2.0)
     assert srtf_lr_value(late, ctx_q(), guard=5.0) == pytest.approx(1 / (1 + 500 / 3600))
     # projected 500 s ahead: LR (1,500 + 500) / 500 = 4
-    assert srtf_lr_value(late, ctx_q(), ahead_s=500.0) == pytest.approx(1 / (1 + 500 / 3600) + 3.0)
+    assert srtf_lr_value(late, ctx_q(), ahead_s=500.0, guard=1.0) == pytest.approx(1 / (1 + 500 / 3600) + 3.0)
 
 
 def test_srtf_lr_guard_lifts_a_long_job_over_short_ones_once_its_ratio_passes_guard_plus_one() -> None:
-    # long: 100 h of work, waited 210 h (LR 2.1); short: 1 s of work, never waited (the SRTF maximum ~1)
-    long_job = JobView(spec=spec("long", 0.0, 360_000.0), waited_s=756_000.0)
+    # long: 100 h of work, waited 310 h (LR 3.1, past the default guard 2 + 1); short: 1 s of work,
+    # never waited (the SRTF maximum ~1)
+    long_job = JobView(spec=spec("long", 0.0, 360_000.0), waited_s=1_116_000.0)
     short = JobView(spec=spec("short", 5.0, 1.0))
     values = priority_values("srtf_lr", [long_job, short], ctx_q())
     assert [v.id for v in order_queue([long_job, short], values)] == ["long", "short"]
@@ -222,7 +227,7 @@ def test_srtf_lr_guard_lifts_a_long_job_over_short_ones_once_its_ratio_passes_gu
 
 def test_srtf_lr_a_running_job_is_not_overtaken_by_a_queued_one_of_its_size_waiting() -> None:
     # r runs (a quarter done), q waits; both 2,000 s of work. Until r ends (t = 1,500 s) q's latency
-    # ratio stays under the guard of 1. Latency ratio: r's is frozen (0), q's grows, so q overtakes r
+    # ratio stays under 1, below the guard. Latency ratio: r's is frozen (0), q's grows, so q overtakes r
     # and the plan would rotate them. srtf_lr: r's SRTF value grows as it ends, and q's does not.
     def views(t: float) -> list[JobView]:
         r = JobView(
@@ -240,9 +245,9 @@ def test_srtf_lr_a_running_job_is_not_overtaken_by_a_queued_one_of_its_size_wait
 
 def test_srtf_lr_past_its_guard_a_queued_job_overtakes_a_running_one() -> None:
     # r runs with 1,000 s left (SRTF value 1 / (1 + 0.28) = 0.78); q (2,000 s of work) has waited
-    # 2,400 s: LR 1.2, 0.2 past the guard, value 1 / (1 + 0.56) + 0.2 = 0.84: q goes first.
+    # 4,400 s: LR 2.2, 0.2 past the guard (2), value 1 / (1 + 0.56) + 0.2 = 0.84: q goes first.
     r = JobView(spec=spec("r", 0.0, 2000.0), done_samples=1000.0, current=Config.of({"s": 1}))
-    q = JobView(spec=spec("q", 1.0, 2000.0), waited_s=2400.0)
+    q = JobView(spec=spec("q", 1.0, 2000.0), waited_s=4400.0)
     values = priority_values("srtf_lr", [r, q], ctx_q())
     assert values["q"] > values["r"]
     assert values["q"] == pytest.approx(1 / (1 + 2000 / 3600) + 0.2)

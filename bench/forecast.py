@@ -21,6 +21,8 @@ arriving job's P10/P50/P90 start is kept. After the run:
   headline figures above are over all jobs;
 - `--exact-s S`: wall seconds each future may plan with the Hops planner before it plans greedily
   (FutureOptions.exact_s; 0: greedy plans only);
+- `--limit-s S`: past the first future, none is begun that is expected to end after S seconds, even
+  below `--min-futures` (ForecastSettings.limit_s, the master's 5 s by default);
 - `--per-job FILE`: one CSV row per forecast job (its P10/P50/P90 and actual waits, relative error);
 - `forecast_ms_p50`, `forecast_ms_p95`: wall time of one whole-queue forecast in the replay;
 - with `--scale` (default on): a burst of `--scale-jobs` jobs on configs/sim/paper-512.toml, run until
@@ -119,6 +121,7 @@ def replay(args: argparse.Namespace) -> dict[str, Any]:
             budget_s=args.budget_s,
             min_futures=args.min_futures,
             max_futures=args.max_futures,
+            limit_s=args.limit_s,
             future=FutureOptions(
                 sigma=args.sigma,
                 round_growth=args.round_growth,
@@ -236,6 +239,7 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         budget_s=args.budget_s,
         min_futures=args.min_futures,
         max_futures=args.max_futures,
+        limit_s=args.limit_s,
         future=FutureOptions(
             round_growth=args.round_growth, keep_bonus=args.keep_bonus, exact_s=args.exact_s
         ),
@@ -265,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=2.0)
     p.add_argument("--min-futures", type=int, default=3)
     p.add_argument("--max-futures", type=int, default=10)
+    p.add_argument(
+        "--limit-s",
+        type=float,
+        default=ForecastSettings().limit_s,
+        help="past the first future, none expected to end after this (ForecastSettings.limit_s)",
+    )
     p.add_argument("--sigma", type=float, default=0.15)
     p.add_argument(
         "--round-growth",

@@ -4,8 +4,11 @@
 seed (its own rate errors and arrivals), at least `min_futures` and at most `max_futures`, and stops
 starting new ones once `budget_s` has passed by `timer` (which only measures: the forecast's own time
 is simulated); past `min_futures`, a future is begun only if it is expected to end within the budget
-(the longest one so far), so the forecast does not overrun its budget by a whole future. Each live job
-gets P10/P50/P90 of its next start (waiting jobs) and of its completion.
+(the longest one so far), so the forecast does not overrun its budget by a whole future. `limit_s` is
+the hard bound that `min_futures` yields to: past the first future, none is begun that is expected to
+end after it (a queue of a thousand jobs on 512 GPUs, where one future takes seconds, is then forecast
+from fewer futures, its intervals widened by the calibration, rather than late). Each live job gets
+P10/P50/P90 of its next start (waiting jobs) and of its completion.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class ForecastSettings:
     budget_s: float = 2.0
     min_futures: int = 3
     max_futures: int = 16
+    limit_s: float = 5.0  # past the first future, none expected to end later than this (min_futures too)
     seed: int = 0
     future: FutureOptions = field(default_factory=FutureOptions)
 
@@ -46,6 +50,8 @@ def forecast(
         if runs >= settings.min_futures and (
             elapsed >= settings.budget_s or elapsed + longest > settings.budget_s
         ):
+            break
+        if runs >= 1 and elapsed + longest > settings.limit_s:
             break
         future = Future(live, settings.seed + runs, options, Estimator.from_state(live.estimator), timer)
         future.go(only)

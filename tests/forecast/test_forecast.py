@@ -157,6 +157,26 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
     assert runs == {0.5: 2, 2.5: 2, 3.0: 3, 4.9: 4}
 
 
+def test_the_minimum_of_futures_yields_to_the_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each future "takes" 2 s: the third of the three asked for would end at 6 s, past the 5-s limit;
+    # the first is begun whatever it takes
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    clock = [0.0]
+    real_go = Future.go
+
+    def go(self: Future, only: str | None = None) -> None:
+        real_go(self, only)
+        clock[0] += 2.0
+
+    monkeypatch.setattr(Future, "go", go)
+    for limit, expected in ((5.0, 2), (6.0, 3), (1.0, 1)):
+        clock[0] = 0.0
+        settings = ForecastSettings(budget_s=1.0, min_futures=3, max_futures=50, limit_s=limit)
+        assert forecast(live, settings, lambda: clock[0])["j2"].futures == expected
+        assert clock[0] <= max(limit, 2.0)
+
+
 def test_futures_plan_with_the_hops_planner_while_its_allowance_holds_another_plan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -118,9 +118,16 @@ class Residuals:
 
     def widen(self, forecast: JobForecast) -> JobForecast:
         """`forecast` with its start P10-P90 widened to the recent residuals' (unchanged before
-        `min_count`, and for jobs with no start forecast)."""
+        `min_count`, and for jobs with no start forecast). Before `min_count`, a forecast of one
+        future (a queue so large that one is all the time limit allows: hopsmgr.forecast.run) has
+        no interval to show, its P10 = P50 = P90: both tails are left open (P10 the instant it was
+        made, P90 None), as the adapted levels leave them, and no start can miss them (a point
+        would be missed by nearly every job, and those misses would open the tails for the next
+        fifty starts, long after the residuals could bound them)."""
         found = self.bounds()
         p10, p50, p90 = forecast.start_p10, forecast.start_p50, forecast.start_p90
+        if found is None and p50 is not None and forecast.futures < 2:
+            return replace(forecast, start_p10=forecast.made, start_p90=None)
         if found is None or p50 is None:
             return forecast
         lo, hi = found

@@ -3,7 +3,8 @@
 Every `interval_s` (the round length, at least 5 s, and at least DUTY_FACTOR times the last
 forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
 copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to the forecast worker
-that runs hopsmgr.forecast.run.forecast within `budget_s`; the answer replaces `ctl.forecasts` (job id
+that runs hopsmgr.forecast.run.forecast within `budget_s` (and, for a large queue whose futures take
+seconds each, within `limit_s` but for its first future); the answer replaces `ctl.forecasts` (job id
 -> JobForecast), which the API's job summaries and explanations show. The state machine's submission
 times (`SchedulerMachine.submissions`, since this master began to lead) form the recent arrival
 process the futures draw new jobs from.

@@ -21,6 +21,27 @@ def test_too_few_residuals_leave_a_forecast_as_it_is() -> None:
     assert residuals.bounds() is None and residuals.widen(f) == f
 
 
+def test_one_futures_point_is_shown_open_until_residuals_bound_it_and_misses_nothing() -> None:
+    # a queue so large that one future is all the limit allows: P10 = P50 = P90, no interval
+    made = 10_000.0
+    point = JobForecast(made + 500.0, made + 500.0, made + 500.0, None, None, None, futures=1, made=made)
+    tracker = StartTracker(Residuals(round_s=100.0))
+    shown = tracker.residuals.widen(point)
+    assert (shown.start_p10, shown.start_p50, shown.start_p90) == (made, made + 500.0, None)
+    levels = (tracker.residuals.low_level, tracker.residuals.high_level)
+    tracker.note({f"j{k}": point for k in range(20)})
+    tracker.waiting(made + 5_000.0)  # every one past the point: none past an interval shown
+    for k in range(20):
+        tracker.started(f"j{k}", made + 1_000.0 + k)
+    assert (tracker.residuals.low_level, tracker.residuals.high_level) == levels
+    assert len(tracker.residuals.values) == 20  # their residuals count
+    bounded = tracker.residuals.widen(point)  # now the residuals bound it
+    assert bounded.start_p90 is not None and bounded.start_p90 > made + 500.0
+    # two futures that agree: an interval of their own, kept as it was
+    two = JobForecast(made + 500.0, made + 500.0, made + 500.0, None, None, None, futures=2, made=made)
+    assert Residuals(round_s=100.0).widen(two) == two
+
+
 def test_intervals_widen_to_the_residuals_and_never_narrow_or_start_before_they_were_made() -> None:
     residuals = Residuals(round_s=300.0)
     for actual in (500.0, 700.0, 900.0, 1000.0, 1200.0, 1500.0, 1800.0, 2000.0, 3000.0):

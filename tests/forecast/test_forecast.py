@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
 from hopsmgr.core.plan import Plan, SolverStats
-from hopsmgr.forecast.future import Future, FutureOptions, capture
+from hopsmgr.forecast.future import Future, FutureOptions, LiveState, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.policies.base import HopsPolicy
@@ -113,7 +114,7 @@ def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
     before = copy.deepcopy(live)
     # without preemption j2 starts when the jobs ahead end, which the rate errors move
     no_preemption = replace(GREEDY, sigma=0.3, keep_bonus=float("inf"))
-    noisy = ForecastSettings(min_futures=12, max_futures=12, future=no_preemption)
+    noisy = ForecastSettings(min_futures=12, max_futures=12, limit_s=math.inf, future=no_preemption)
     first = forecast(live, noisy, time.perf_counter)
     again = forecast(live, noisy, time.perf_counter)
     j2 = first["j2"]
@@ -128,16 +129,17 @@ def test_arrivals_come_at_the_recent_rate_and_only_slow_the_queue() -> None:
     sim = started(2.0)
     quiet = capture(sim.machine, sim.now, next_round=sim.next_round)
     busy = replace(quiet, recent=tuple(float(t) for t in range(0, 3600, 60)), window_s=3600.0)
-    settings = ForecastSettings(min_futures=4, max_futures=4, future=replace(GREEDY, arrivals=True))
+    settings = ForecastSettings(
+        min_futures=4, max_futures=4, limit_s=math.inf, future=replace(GREEDY, arrivals=True)
+    )
     alone = forecast(quiet, settings, time.perf_counter)["j2"]
     crowded = forecast(busy, settings, time.perf_counter)["j2"]
     assert alone.start_p50 is not None and crowded.start_p50 is not None
     assert crowded.start_p50 >= alone.start_p50
 
 
-def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_budget(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _futures_taking(monkeypatch: pytest.MonkeyPatch, seconds: float) -> tuple[LiveState, list[float]]:
+    """A live state, and a clock that each future moves on by `seconds` (the forecast's timer)."""
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
     clock = [0.0]
@@ -145,9 +147,16 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
 
     def go(self: Future, only: str | None = None) -> None:
         real_go(self, only)
-        clock[0] += 1.0  # each future "takes" one second
+        clock[0] += seconds
 
     monkeypatch.setattr(Future, "go", go)
+    return live, clock
+
+
+def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    live, clock = _futures_taking(monkeypatch, 1.0)
     runs = {}
     for budget in (0.5, 2.5, 3.0, 4.9):
         settings = ForecastSettings(budget_s=budget, min_futures=2, max_futures=50)
@@ -160,16 +169,7 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
 def test_the_minimum_of_futures_yields_to_the_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     # each future "takes" 2 s: the third of the three asked for would end at 6 s, past the 5-s limit;
     # the first is begun whatever it takes
-    sim = started(2.0)
-    live = capture(sim.machine, sim.now, next_round=sim.next_round)
-    clock = [0.0]
-    real_go = Future.go
-
-    def go(self: Future, only: str | None = None) -> None:
-        real_go(self, only)
-        clock[0] += 2.0
-
-    monkeypatch.setattr(Future, "go", go)
+    live, clock = _futures_taking(monkeypatch, 2.0)
     for limit, expected in ((5.0, 2), (6.0, 3), (1.0, 1)):
         clock[0] = 0.0
         settings = ForecastSettings(budget_s=1.0, min_futures=3, max_futures=50, limit_s=limit)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import math
 import pickle
 import time
 from types import SimpleNamespace
@@ -29,7 +30,10 @@ from tests.forecast.test_forecast import CLUSTER, started
 
 # greedy plans only (exact_s=0): forecasts compared for equality must not depend on the wall clock
 SETTINGS = ForecastSettings(
-    min_futures=2, max_futures=2, future=FutureOptions(sigma=0.0, arrivals=False, exact_s=0.0)
+    min_futures=2,
+    max_futures=2,
+    limit_s=math.inf,
+    future=FutureOptions(sigma=0.0, arrivals=False, exact_s=0.0),
 )
 
 

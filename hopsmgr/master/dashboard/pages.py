@@ -89,9 +89,15 @@ def _forecast_cells(job: Data, now: float) -> tuple[str, str]:
     f = job.get("forecast")
     if not f:
         return "–", "–"
-    start = f"in {duration(f['start_p50'] - now)} <small>P90 {duration(f['start_p90'] - now)}</small>"
-    finish = f"in {duration(f['finish_p50'] - now)} <small>P90 {duration(f['finish_p90'] - now)}</small>"
+    start = f"in {_until(f['start_p50'], now)} <small>P90 {_until(f['start_p90'], now)}</small>"
+    finish = f"in {_until(f['finish_p50'], now)} <small>P90 {_until(f['finish_p90'], now)}</small>"
     return start, finish
+
+
+def _until(at: float | None, now: float) -> str:
+    """How long from `now` until `at`; "–" for a quantile the forecast leaves open (None: past its
+    horizon, or a P90 the calibration cannot bound)."""
+    return duration(None if at is None else at - now)
 
 
 def queue(data: Data, who: Principal, csrf: str | None, now: float) -> str:

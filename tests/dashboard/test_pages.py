@@ -1,0 +1,45 @@
+"""The dashboard's pages rendered from the API's data alone (no master): what they show for the
+forecasts' open quantiles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hopsmgr.master.controller import Principal
+from hopsmgr.master.dashboard import pages
+
+
+def waiting(job_id: str, forecast: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "position": 1,
+        "id": job_id,
+        "name": "train",
+        "tenant": "vision",
+        "state": "QUEUED",
+        "gpus": [1, 2],
+        "latency_ratio": 0.5,
+        "est_wait_s": 600.0,
+        "forecast": forecast,
+    }
+
+
+def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
+    # a P90 the calibration leaves open, and a job no future started within its horizon (no P50):
+    # shown as "–", where subtracting the time from None broke the page
+    now = 1_000_000.0
+    open_p90 = {
+        "start_p10": now + 60,
+        "start_p50": now + 600,
+        "start_p90": None,
+        "finish_p10": now + 3_600,
+        "finish_p50": now + 7_200,
+        "finish_p90": None,
+        "futures": 1,
+        "made": now,
+    }
+    never = dict(open_p90, start_p10=None, start_p50=None, finish_p10=None, finish_p50=None)
+    data = {"jobs": [waiting("j1", open_p90), waiting("j2", never)], "reasons": {}}
+    page = pages.queue(data, Principal("ana", "vision"), None, now)
+    assert "in 10m 00s <small>P90 –</small>" in page
+    assert "in 2h" in page
+    assert page.count("in – <small>P90 –</small>") == 2  # j2's start and finish

@@ -21,6 +21,7 @@ import ctypes
 import hashlib
 import os
 import tempfile
+import time
 from typing import Any
 
 import lightning
@@ -33,10 +34,10 @@ FEATURES = 16
 
 
 class Regressor(lightning.LightningModule):  # type: ignore[misc]
-    def __init__(self, batch_size: int, seed: int) -> None:
+    def __init__(self, batch_size: int, seed: int, step_seconds: float = 0.0) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 1))
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.step_seconds = batch_size, seed, step_seconds
         self.weights = torch.randn(FEATURES, 1, generator=torch.Generator().manual_seed(seed))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -45,6 +46,8 @@ class Regressor(lightning.LightningModule):  # type: ignore[misc]
         y = x @ self.weights
         loss = nn.functional.mse_loss(self.net(x), y)
         print(f"step {self.trainer.global_step + 1} loss {loss.item():.4f}", flush=True)
+        if self.step_seconds > 0:
+            time.sleep(self.step_seconds)
         return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -69,10 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, required=True, help="optimizer steps (the Trainer's max_steps)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="wait this long per step (a slower input pipeline)",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("HOPS_THREADS", "1")))
     lightning.seed_everything(args.seed, verbose=False)
-    model = Regressor(args.batch_size, args.seed)
+    model = Regressor(args.batch_size, args.seed, args.step_seconds)
     hops = HopsCallback(batch_size=args.batch_size)
     trainer = lightning.Trainer(
         max_steps=args.iters,

@@ -97,6 +97,11 @@ def test_answers_conform_to_the_document(master: InProcessMaster, mode: str) -> 
     # refused with 413 before it is read: a rejection the document declares, not an acceptance.
     rejection = schema.config.checks.negative_data_rejection
     rejection.expected_statuses = [*rejection.expected_statuses, "413"]
+    # The token is sent with every request (below), so the security header is not drawn: a negative
+    # case that "removed" it had it put back, and if its other change was only an undeclared query
+    # parameter serialised away (an empty list), the valid request that went out counted as invalid
+    # data accepted (a false positive seen once in CI; schemathesis PR 4762 names the same pattern).
+    schema.config.generation.update(with_security_parameters=False)
     generation = (
         schemathesis.GenerationMode.POSITIVE if mode == "positive" else schemathesis.GenerationMode.NEGATIVE
     )

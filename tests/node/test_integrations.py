@@ -45,9 +45,14 @@ class Case:
 
 CASES = {
     "hf": Case("hf_train.py", "transformers", ("--batch-size", "4"), r"step (\d+) loss"),
-    "lightning": Case("lightning_train.py", "lightning", ("--batch-size", "16"), r"step (\d+) loss"),
-    # its iterations take under a millisecond: 0.05 s each leaves the test time to send its signal
-    # before the run ends (the reader of a loaded machine lagged eight iterations behind)
+    # its steps and the loop's iterations take a few milliseconds: 0.05 s each leaves the test time to
+    # send its signal before the run ends (the reader of a loaded machine lagged eight steps behind)
+    "lightning": Case(
+        "lightning_train.py",
+        "lightning",
+        ("--batch-size", "16", "--step-seconds", "0.05"),
+        r"step (\d+) loss",
+    ),
     "loop": Case(
         "loop_train.py",
         "torch",

@@ -38,9 +38,8 @@ class SchedulerSettings:
     preemption_cost: bool = True
     projected_priority: bool = True
     move_min_gain: float = 0.15  # [ours] a same-count move that frees no room must gain this much
-    lr_guard: float = (
-        DEFAULT_LR_GUARD  # [ours] "srtf_lr": the latency ratio past which a job climbs over SRTF
-    )
+    # [ours] "srtf_lr": the latency ratio past which a job climbs over the shortest-remaining order
+    lr_guard: float = DEFAULT_LR_GUARD
     # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
     # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its
     # expected run time assumes (then w x G with the srtf_lr priority is the share of the job's

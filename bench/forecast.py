@@ -302,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="write the figures as flat JSON here")
     p.add_argument("--per-job", help="write one CSV row per forecast job here (forecast against actual)")
     args = p.parse_args(argv)
+    try:
+        ForecastSettings(budget_s=args.budget_s, limit_s=args.limit_s)
+    except ValueError as exc:
+        p.error(str(exc))  # names the field: budget_s is --budget-s, limit_s --limit-s
     out = replay(args) if args.replay else {}
     if args.scale:
         out.update(scale(args))

@@ -32,6 +32,13 @@ class ForecastSettings:
     seed: int = 0
     future: FutureOptions = field(default_factory=FutureOptions)
 
+    def __post_init__(self) -> None:
+        # NaN would compare false everywhere: no budget and no limit, silently (math.inf: none, openly)
+        for name in ("budget_s", "limit_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"forecast settings: {name} must be a number > 0, got {value!r}")
+
 
 def forecast(
     live: LiveState, settings: ForecastSettings, timer: Timer, only: str | None = None

@@ -166,6 +166,14 @@ def test_a_forecast_begins_a_future_only_if_it_is_expected_to_end_within_the_bud
     assert runs == {0.5: 2, 2.5: 2, 3.0: 3, 4.9: 4}
 
 
+@pytest.mark.parametrize("field", ["budget_s", "limit_s"])
+@pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
+def test_forecast_settings_refuse_a_time_that_is_no_bound(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=f"{field} must be a number > 0, got {value!r}"):
+        ForecastSettings(**{field: value})
+    assert getattr(ForecastSettings(**{field: math.inf}), field) == math.inf  # no bound, said so
+
+
 def test_the_minimum_of_futures_yields_to_the_hard_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     # each future "takes" 2 s: the third of the three asked for would end at 6 s, past the 5-s limit;
     # the first is begun whatever it takes

@@ -11,6 +11,8 @@ GPUs are out of the capacity and they keep their placement (`pinned_placements`)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from hopsmgr.control import usage
 from hopsmgr.control.records import ControlState, Job, NodeHealth
 from hopsmgr.core.lifecycle import JobState
@@ -202,8 +204,16 @@ def build_snapshot(
 def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:
     """Usable GPUs no attempt holds (ControlState.held's claims, read per node: asked after every
     event that may free GPUs, so without building the whole map)."""
+    return sum(free for _, free in _free_per_node(state, now, backoff_s))
+
+
+def free_gpus_by_server(state: ControlState, now: float, backoff_s: float) -> dict[ServerId, int]:
+    """The usable GPUs no attempt holds, per server that has any (what `idle_gpus` adds up)."""
+    return dict(_free_per_node(state, now, backoff_s))
+
+
+def _free_per_node(state: ControlState, now: float, backoff_s: float) -> Iterator[tuple[ServerId, int]]:
     claimed_now, claimed_after = state.claimed_now, state.claimed_after
-    idle = 0
     for node in state.nodes.values():
         if node.health != NodeHealth.HEALTHY or node.drained or now - node.exec_error_at < backoff_s:
             continue
@@ -212,8 +222,7 @@ def idle_gpus(state: ControlState, now: float, backoff_s: float) -> int:
         after = claimed_after.get(sid, 0)
         free = node.usable_gpus - (after if after > held else held)
         if free > 0:
-            idle += free
-    return idle
+            yield sid, free
 
 
 def profiling_budget(state: ControlState, share: float) -> int:

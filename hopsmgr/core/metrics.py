@@ -44,6 +44,10 @@ class RoundRecord:
     solver_s: float = 0.0
     busy_gpus: int = 0
     total_gpus: int = 0
+    # [ours] the most GPUs free on any one server after planning: a waiting job whose smallest count
+    # is no more than this could have been placed there (the plan left it waiting beside them)
+    largest_free_block: int = 0
+    smallest_waiting: int | None = None  # the smallest GPU count a waiting job not profiling accepts
 
 
 def mean(values: Iterable[float]) -> float | None:
@@ -127,6 +131,26 @@ def fragments_per_round(rounds: Iterable[RoundRecord]) -> float | None:
     return mean(r.idle_gpus_after_plan if r.jobs_waiting > 0 else 0 for r in rounds)
 
 
+def fragments_per_waiting_round(rounds: Iterable[RoundRecord]) -> float | None:
+    """[ours] Mean idle GPUs after planning over the rounds in which jobs wait (the stricter reading
+    of "idle GPUs per round while work waits"); None when no round had a waiting job."""
+    return mean(r.idle_gpus_after_plan for r in rounds if r.jobs_waiting > 0)
+
+
+def placeable_idle_per_round(rounds: Iterable[RoundRecord]) -> float | None:
+    """[ours] Mean over rounds of the idle GPUs left after planning while a waiting job would fit in one
+    server's free GPUs by its smallest count (0 in other rounds); None for no rounds.
+
+    An upper bound on what the plan missed: it does not ask whether the job may use that server's GPU
+    type, whether its tenant's cap allows it, or whether it waits for another job to complete.
+    """
+
+    def placeable(r: RoundRecord) -> bool:
+        return r.smallest_waiting is not None and r.smallest_waiting <= r.largest_free_block
+
+    return mean(r.idle_gpus_after_plan if r.jobs_waiting > 0 and placeable(r) else 0 for r in rounds)
+
+
 def utilisation(rounds: Iterable[RoundRecord]) -> float | None:
     """Mean busy / total GPUs over the rounds that had any GPU; None if none did."""
     return mean(r.busy_gpus / r.total_gpus for r in rounds if r.total_gpus > 0)
@@ -159,6 +183,8 @@ def summary(records: Iterable[JobRecord], rounds: Iterable[RoundRecord]) -> dict
         "mean_lr": mean(lrs),
         "max_ftf": _max(ftf_rhos(jobs)),
         "frags_per_round": fragments_per_round(plans),
+        "frags_per_waiting_round": fragments_per_waiting_round(plans),
+        "placeable_idle_per_round": placeable_idle_per_round(plans),
         "utilisation": utilisation(plans),
         "solver_p95_s": percentile((r.solver_s for r in plans), 95),
     }

@@ -391,19 +391,24 @@ class Simulation:
             self._last_fragment = self.now
             self.feed(RoundTick(self._stimulus("fragment"), "fragment"))
         state = self.machine.state
-        idle = views.idle_gpus(state, self.now, self.machine.settings.exec_error_backoff_s)
-        waiting = sum(1 for j in state.jobs.values() if j.state == JobState.QUEUED)
+        free = views.free_gpus_by_server(state, self.now, self.machine.settings.exec_error_backoff_s)
+        idle = sum(free.values())
+        queued = [j for j in state.jobs.values() if j.state == JobState.QUEUED]
+        # a job still profiling on some type is not planned until that run ends
+        counts = [j.spec.requirements.minimum for j in queued if not j.profiling]
         self.rounds.append(
             RoundRecord(
                 start=self.now,
                 idle_gpus_after_plan=idle,
-                jobs_waiting=waiting,
+                jobs_waiting=len(queued),
                 solver_s=self._round_solver_s,
                 busy_gpus=self.total_gpus - idle,
                 total_gpus=self.total_gpus,
+                largest_free_block=max(free.values(), default=0),
+                smallest_waiting=min(counts, default=None),
             )
         )
-        self.timeline.append((self.now, self._normalised_throughput(), idle if waiting else 0))
+        self.timeline.append((self.now, self._normalised_throughput(), idle if queued else 0))
 
     def _cancel_stranded(self) -> None:
         """Queued jobs the policy will never place: nothing runs, profiles or is scheduled, yet the plan

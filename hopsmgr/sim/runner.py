@@ -211,6 +211,8 @@ def summarise(result: SimResult, wall_s: float) -> dict[str, Any]:
         "mean_lr": s["mean_lr"],
         "max_ftf": s["max_ftf"],
         "frags_per_round": s["frags_per_round"],
+        "frags_per_waiting_round": s["frags_per_waiting_round"],
+        "placeable_idle_per_round": s["placeable_idle_per_round"],
         "utilisation": result.busy_gpu_s / (result.total_gpus * result.span_s) if result.span_s > 0 else None,
         "solver_p95_s": s["solver_p95_s"],
         "estimator_mape": metrics.mean(every),

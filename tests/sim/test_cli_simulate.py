@@ -35,6 +35,8 @@ ROW_KEYS = (
     "mean_lr",
     "max_ftf",
     "frags_per_round",
+    "frags_per_waiting_round",
+    "placeable_idle_per_round",
     "utilisation",
     "completed",
     "solver_p95_s",
@@ -140,6 +142,10 @@ def test_simulate_writes_table_results_and_plots(capsys: pytest.CaptureFixture[s
         assert row["avg_jct_h"] > 0 and row["makespan_h"] >= row["p99_jct_h"] > 0
         assert 0 < row["utilisation"] <= 1 + 1e-9
         assert row["wall_s"] >= 0 and row["peak_rss_mb"] > 0
+        assert 0 <= row["placeable_idle_per_round"] <= row["frags_per_round"]
+        assert (
+            row["frags_per_waiting_round"] is None or row["frags_per_waiting_round"] >= row["frags_per_round"]
+        )
     assert policies["fifo"]["preemptions"] == 0
     assert_plots(out)
     with (out / "jobs.csv").open() as f:

@@ -11,12 +11,14 @@ from hopsmgr.core.metrics import (
     RoundRecord,
     cdf,
     fragments_per_round,
+    fragments_per_waiting_round,
     ftf_rhos,
     jct_s,
     latency_ratios,
     makespan_s,
     mean,
     percentile,
+    placeable_idle_per_round,
     summary,
     utilisation,
     waits_s,
@@ -45,10 +47,14 @@ RECORDS = [
 ]
 
 ROUNDS = [
-    RoundRecord(0.0, idle_gpus_after_plan=2, jobs_waiting=3, solver_s=0.5, busy_gpus=6, total_gpus=8),
+    # a waiting job of 1 GPU beside a free block of 2: placeable
+    RoundRecord(0.0, 2, 3, solver_s=0.5, busy_gpus=6, total_gpus=8, largest_free_block=2, smallest_waiting=1),
     RoundRecord(300.0, idle_gpus_after_plan=4, jobs_waiting=0, solver_s=1.5, busy_gpus=4, total_gpus=8),
     RoundRecord(600.0, idle_gpus_after_plan=0, jobs_waiting=5, solver_s=2.5, busy_gpus=8, total_gpus=8),
-    RoundRecord(900.0, idle_gpus_after_plan=3, jobs_waiting=1, solver_s=0.1, busy_gpus=5, total_gpus=8),
+    # 3 idle GPUs, one per server, and the one waiting job needs 2 on a server: not placeable
+    RoundRecord(
+        900.0, 3, 1, solver_s=0.1, busy_gpus=5, total_gpus=8, largest_free_block=1, smallest_waiting=2
+    ),
 ]
 
 
@@ -79,6 +85,17 @@ def test_unknown_age_skipped() -> None:
 def test_fragments_per_round_counts_only_rounds_with_waiting_jobs() -> None:
     # (2 + 0 [nobody waiting] + 0 + 3) / 4
     assert fragments_per_round(ROUNDS) == pytest.approx(1.25)
+
+
+def test_fragments_per_waiting_round_and_placeable_idle() -> None:
+    assert fragments_per_waiting_round(ROUNDS) == pytest.approx(5 / 3)  # (2 + 0 + 3) over 3 rounds
+    assert placeable_idle_per_round(ROUNDS) == pytest.approx(2 / 4)  # only the first round's 2
+    assert fragments_per_waiting_round([ROUNDS[1]]) is None
+    assert placeable_idle_per_round([]) is None
+    # a block exactly the waiting job's size counts; no waiting job, nothing to place
+    exact = RoundRecord(0.0, 4, 1, largest_free_block=4, smallest_waiting=4)
+    empty = RoundRecord(0.0, 4, 0, largest_free_block=4, smallest_waiting=None)
+    assert placeable_idle_per_round([exact, empty]) == pytest.approx(2.0)
 
 
 def test_utilisation() -> None:
@@ -119,6 +136,8 @@ def test_summary_hand_computed() -> None:
             "mean_lr": (1 / 6 + 0 + 1.8 + 2.5 + 1 / 60) / 5,
             "max_ftf": 2.8,
             "frags_per_round": 1.25,
+            "frags_per_waiting_round": 5 / 3,
+            "placeable_idle_per_round": 0.5,
             "utilisation": 23 / 32,
             "solver_p95_s": 2.35,  # sorted 0.1, 0.5, 1.5, 2.5; position 2.85
         }

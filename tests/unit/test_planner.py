@@ -5,8 +5,9 @@ CBC is called through PuLP; hand-built snapshots are tiny and the random ones st
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -573,3 +574,42 @@ def test_moves_that_free_nothing_are_kept_through_a_chain() -> None:
     settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0)
     plan = plan_round(snapshot(servers, [a, b]), profiled(a, b), settings_)
     assert plan.assignments == {"a": C(s1=1), "b": C(s3=2)}
+
+
+def _solver_returning(chosen: Mapping[str, Config]) -> Callable[..., Any]:
+    """A stand-in for the solver's answer (what the pass after it is given), with the real stats."""
+    from hopsmgr.core import planner
+
+    real = planner._solve
+
+    def solve(*args: Any) -> tuple[dict[str, Config], Any, Any]:
+        _, stats, explain = real(*args)
+        return dict(chosen), stats, explain
+
+    return solve
+
+
+@pytest.mark.parametrize(
+    ("answer", "tenant", "kept"),
+    [
+        ({}, "default", True),  # r left out and s1 idle: preempted for nothing, so it keeps s1
+        ({"w": C(s1=1)}, "default", False),  # its GPU goes to w: the preemption makes room
+        ({}, "capped", False),  # a tenant with a cap: the cap's row may be why it was left out
+    ],
+)
+def test_a_running_job_left_out_whose_gpus_nothing_uses_keeps_them(
+    monkeypatch: pytest.MonkeyPatch, answer: dict[str, Config], tenant: str, kept: bool
+) -> None:
+    # The solver stops within its gap, and a long job's share of the objective is far below the gap:
+    # whatever it answers, a running job it leaves out keeps its GPUs when the plan uses none of them.
+    from hopsmgr.core import planner
+
+    monkeypatch.setattr(planner, "_solve", _solver_returning(answer))
+    servers = [srv("s1", 1, 1.0), srv("s2", 1, 1.0, order=1)]
+    r = JobView(spec("r", 1, tenant=tenant), current=C(s1=1), running_s=5000.0, attempt_s=5000.0)
+    w = JobView(spec("w", 1), waited_s=100.0)
+    tenants = {"capped": TenantQuota("capped", cap_gpus=1)}
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, round_seconds=120.0)
+    plan = plan_round(snapshot(servers, [r, w], tenants=tenants), profiled(r, w), settings_)
+    assert plan.assignments.get("r") == (C(s1=1) if kept else None)
+    assert {k: v for k, v in plan.assignments.items() if k != "r"} == answer

@@ -248,6 +248,13 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
         )
         if value is not None
     }
+    if workdir is None and command and "/" in command[0] and not os.path.isabs(command[0]):
+        print(
+            f"warning: {command[0]!r} is a relative path and no --workdir is given: the job runs in its"
+            ' attempt directory on the node, where it will not be found (give --workdir "$PWD" or an'
+            " absolute path)",
+            file=sys.stderr,
+        )
     sub = Submission(command=tuple(command), gpus=tuple(counts), **given)
     body = sub.to_json()
     try:  # the master's own schema: refuse here what it would refuse, naming the field

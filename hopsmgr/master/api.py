@@ -31,6 +31,7 @@ from hopsmgr.master.whatif import WhatIfs
 from hopsmgr.protocol import (
     ID,
     JOB_ID_PATTERN,
+    Submission,
     WireError,
     check_protocol,
     parse_drain_request,
@@ -168,10 +169,8 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "epoch": ctl.epoch, "role": "leader", "leader": leader})
 
 
-async def submit(request: web.Request) -> web.Response:
-    who = principal(request)
-    sub = parse_submission(await body(request))
-    ctl = request.app[CTL]
+def _run_as(ctl: Controller, who: Principal, sub: Submission) -> str:
+    """The account `who`'s jobs run as; a 422 for memory or CPU limits where none would enforce them."""
     run_as = identity.run_as(ctl.store, ctl.config, who)
     if not run_as and (sub.mem_mb is not None or sub.cpus is not None):
         field = "mem_mb" if sub.mem_mb is not None else "cpus"
@@ -181,7 +180,14 @@ async def submit(request: web.Request) -> web.Response:
             "memory and CPU limits are enforced only where jobs run as their users "
             "([master] run_as_users = true, docs/security.md)",
         )
-    row = await ctl.submit(who, sub, run_as)
+    return run_as
+
+
+async def submit(request: web.Request) -> web.Response:
+    who = principal(request)
+    sub = parse_submission(await body(request))
+    ctl = request.app[CTL]
+    row = await ctl.submit(who, sub, _run_as(ctl, who, sub))
     return web.json_response(views.job_summary(ctl, row), status=201)
 
 
@@ -250,6 +256,7 @@ async def dry_run(request: web.Request) -> web.Response:
     """The forecast of a job as if submitted now: checked as a submission, nothing stored."""
     who = principal(request)
     sub = parse_submission(await body(request))
+    _run_as(request.app[CTL], who, sub)  # refused as a submission would be
     return web.json_response(await request.app[WHAT_IFS].dry_run(who, sub))
 
 

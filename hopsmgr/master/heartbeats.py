@@ -259,10 +259,14 @@ def request_calibration(ctl: Controller, node_id: str) -> NodeRecord:
 
 
 async def set_drained(ctl: Controller, node_id: str, drained: bool, reason: str = "") -> NodeRecord:
-    """Drain or undrain the node; returns once that is stored."""
+    """Drain or undrain the node; returns once that is stored. Draining a drained node again without
+    a reason keeps the reason it was drained for."""
     node = ctl.nodes.get(node_id)
     if node is None:
         raise RequestError(404, "node", f"no node {node_id!r}")
+    known = ctl.machine.state.nodes.get(node_id)
+    if drained and not reason and known is not None and known.drained:
+        reason = node.drain_reason
     written: Written = []
     commands = ctl.feed(NodeDrained(f"drain-{node_id}", node_id, drained), written=written)
     for command in commands:

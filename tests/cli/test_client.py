@@ -82,6 +82,30 @@ def test_submit_prints_only_the_id(cli: Callable[..., Result], master: FakeMaste
     }
 
 
+@pytest.mark.parametrize(
+    ("options", "command", "warned"),
+    [
+        ((), (".venv/bin/python", "train.py"), True),  # resolved in the attempt directory: not found
+        (("--workdir", "/srv/lab"), (".venv/bin/python", "train.py"), False),
+        ((), ("/usr/bin/python3", "train.py"), False),
+        ((), ("python", "train.py"), False),  # looked up on PATH
+    ],
+)
+def test_submit_warns_of_a_relative_command_path_without_workdir(
+    cli: Callable[..., Result],
+    master: FakeMaster,
+    options: tuple[str, ...],
+    command: tuple[str, ...],
+    warned: bool,
+) -> None:
+    code, out, err = cli(
+        "submit", *auth(master.url), "--gpus", "1", "--batch-size", "8", "--iters", "10", *options, "--", *command
+    )  # fmt: skip
+    assert (code, out) == (0, "j-000007\n")
+    assert ("warning: '.venv/bin/python' is a relative path and no --workdir" in err) is warned
+    assert master.requests[0].body["command"] == list(command)  # submitted all the same
+
+
 def test_submit_json_prints_the_api_answer(cli: Callable[..., Result], master: FakeMaster) -> None:
     code, out, _ = cli("submit", *auth(master.url), "--json", "--gpus", "4", "--batch-size", "8",
                        "--samples", "100", "--", "x")  # fmt: skip

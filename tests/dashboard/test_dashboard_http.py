@@ -195,6 +195,10 @@ def what_ifs_answer_and_store_nothing(dash: Dash, waiting: str, running: str) ->
     assert refused(dash, "POST", "/api/v1/forecasts", job(10, "vision", [64]), ana)[1]["field"] == "gpus"
     assert refused(dash, "POST", "/api/v1/forecasts", job(10, "vision"), bo)[:1] == (403,)
     assert refused(dash, "POST", "/api/v1/forecasts", {"gpus": [1]}, ana)[0] == 400
+    for path in ("/api/v1/forecasts", "/api/v1/jobs"):  # limits where no account would enforce them
+        for limit in ({"mem_mb": 512}, {"cpus": 1.0}):
+            code, error = refused(dash, "POST", path, {**job(10, "vision"), **limit}, ana)
+            assert (code, error["field"]) == (422, next(iter(limit))), (path, error)
     # the waiting job, had it asked for one GPU: one is free sooner than two
     one = dash.api("GET", f"/api/v1/jobs/{waiting}/explain?gpus=1", token=ana)
     assert one["what_if"]["gpus"] == [1] and one["what_if"]["forecast"]["start_p50"] is not None

@@ -1,5 +1,6 @@
 """`hopsmgr drain NODE --reason TEXT` on a real local cluster: the reason is shown by `nodes` and the
-API, survives a master restart, goes with undrain, and a bad reason is refused naming the field."""
+API, survives a master restart and a second drain without a reason, goes with undrain, and a bad reason
+is refused naming the field."""
 
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ def test_a_drain_reason_is_shown_kept_across_a_restart_and_cleared_by_undrain(cl
     cluster.start_master()
     node = cluster.api("GET", "/api/v1/nodes/n1")
     assert node["drained"] is True and node["drain_reason"] == "GPU 1 ECC errors"
+    # drained again without a reason: the reason it was drained for stays; a new reason replaces it
+    assert cluster.cli("drain", "n1").stdout.strip() == "n1: drained (GPU 1 ECC errors)"
+    assert cluster.api("GET", "/api/v1/nodes/n1")["drain_reason"] == "GPU 1 ECC errors"
+    assert cluster.cli("drain", "n1", "--reason", "fan").stdout.strip() == "n1: drained (fan)"
     status, answer = cluster.request("POST", "/api/v1/nodes/n2/drain", {"reason": 7})
     assert status == 400 and answer["error"]["field"] == "reason", answer
     assert cluster.api("GET", "/api/v1/nodes/n2")["drained"] is False  # nothing changed

@@ -44,10 +44,11 @@ class RoundRecord:
     solver_s: float = 0.0
     busy_gpus: int = 0
     total_gpus: int = 0
-    # [ours] the most GPUs free on any one server after planning: a waiting job whose smallest count
-    # is no more than this could have been placed there (the plan left it waiting beside them)
+    # [ours] the most GPUs free on any one server after planning, and the smallest GPU count of the
+    # waiting jobs a plan could place (not profiling, not waiting for another job): the plan left such
+    # a job waiting beside GPUs it may have fitted (`placeable_idle_per_round`)
     largest_free_block: int = 0
-    smallest_waiting: int | None = None  # the smallest GPU count a waiting job not profiling accepts
+    smallest_waiting: int | None = None
 
 
 def mean(values: Iterable[float]) -> float | None:
@@ -141,8 +142,9 @@ def placeable_idle_per_round(rounds: Iterable[RoundRecord]) -> float | None:
     """[ours] Mean over rounds of the idle GPUs left after planning while a waiting job would fit in one
     server's free GPUs by its smallest count (0 in other rounds); None for no rounds.
 
-    An upper bound on what the plan missed: it does not ask whether the job may use that server's GPU
-    type, whether its tenant's cap allows it, or whether it waits for another job to complete.
+    A sign of placements a plan missed, not a bound: it does not ask whether the job may use that
+    server's GPU type or whether its tenant's cap allows it (so it may count GPUs no waiting job could
+    use), and it does not count placements across servers (so it may miss some).
     """
 
     def placeable(r: RoundRecord) -> bool:

@@ -28,6 +28,8 @@ class SchedulerSettings:
     window: bool = True
     fragment_plans: bool = True
     sensitivity_adjustment: bool = True
+    # [ours] fragment plans also take jobs from behind the window that fit the idle GPUs (core.window)
+    idle_backfill: bool = True
     gap: float = 0.01
     time_limit_s: float = 5.0
     priority: PriorityKind = "latency_ratio"

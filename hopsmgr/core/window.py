@@ -57,3 +57,27 @@ def sensitivity_adjustment(
             result.append(view)
             in_window.add(view.id)
     return result
+
+
+def idle_backfill(window: Sequence[JobView], ordered: Sequence[JobView], idle_gpus: int) -> list[JobView]:
+    """[ours] Extend a fragment plan's `window` with jobs from behind it whose minimum requirement fits
+    the idle GPUs, nearest the boundary first, until their minimums reach the idle GPUs: a job the
+    window's jobs cannot use the idle GPUs for waits beside them no longer (the window's jobs rank
+    first in the program, so they keep the GPUs they can use). Only jobs that have not run yet: one
+    that ran was preempted, by a first plan that may have left its GPUs idle for a moment, and taking
+    them back at once would undo that decision (a preemption cycle); it returns by its queue
+    position. The added jobs return to their own queue positions next round."""
+    result = list(window)
+    in_window = {v.id for v in window}
+    left = idle_gpus
+    for view in ordered:
+        if left <= 0:
+            break
+        if view.id in in_window:
+            continue
+        need = view.spec.requirements.minimum
+        if need <= left and view.running_s <= 0:
+            result.append(view)
+            in_window.add(view.id)
+            left -= need
+    return result

@@ -394,8 +394,8 @@ class Simulation:
         free = views.free_gpus_by_server(state, self.now, self.machine.settings.exec_error_backoff_s)
         idle = sum(free.values())
         queued = [j for j in state.jobs.values() if j.state == JobState.QUEUED]
-        # a job still profiling on some type is not planned until that run ends
-        counts = [j.spec.requirements.minimum for j in queued if not j.profiling]
+        # a job still profiling on some type, or waiting for another to complete, is not planned now
+        counts = [j.spec.requirements.minimum for j in queued if not j.profiling and not state.waits_for(j)]
         self.rounds.append(
             RoundRecord(
                 start=self.now,

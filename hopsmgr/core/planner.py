@@ -49,7 +49,6 @@ from hopsmgr.core.priority import (
     order_queue,
     priority_values,
     projected_latency_ratio,
-    remaining_run_s,
     srtf_lr_value,
 )
 from hopsmgr.core.program import (
@@ -392,16 +391,7 @@ def _plan(
         if settings.sensitivity_adjustment:
             window_queued = sensitivity_adjustment(window_queued, queued_order, state.rho, idle)
         if settings.idle_backfill and not held_res.reservations:  # (reservations backfill by their own rule)
-            # only jobs expected to end within the quantum that protects an attempt (min_attempt_s +
-            # 2 restarts from its launch, which itself takes a restart): one that outlived it would
-            # hold GPUs the window's jobs wait for, then be preempted for them (a cycle for a job the
-            # plan preempted meanwhile because the backfilled one was protected)
-            short = [
-                v
-                for v in queued_order
-                if remaining_run_s(v, ctx) <= settings.min_attempt_s + v.spec.restart_s
-            ]
-            window_queued = idle_backfill(window_queued, short, idle)
+            window_queued = idle_backfill(window_queued, queued_order, idle)
         jobs = [v for v in window_queued if v.id not in reserved_out]
         fixed = dict(running)
         fixed.update(held_res.start)

@@ -28,8 +28,9 @@ class SchedulerSettings:
     window: bool = True
     fragment_plans: bool = True
     sensitivity_adjustment: bool = True
-    # [ours] fragment plans also take jobs from behind the window that fit the idle GPUs (core.window)
-    idle_backfill: bool = True
+    # [ours] fragment plans also take jobs from behind the window that fit the idle GPUs (core.window);
+    # off by default: it breaks the no-preemption-cycle property on rare scenarios (docs/scheduling.md)
+    idle_backfill: bool = False
     gap: float = 0.01
     time_limit_s: float = 5.0
     priority: PriorityKind = "latency_ratio"

@@ -618,20 +618,18 @@ def test_a_running_job_left_out_whose_gpus_nothing_uses_keeps_them(
 @pytest.mark.parametrize("backfill", [True, False])
 def test_a_fragment_plan_backfills_idle_gpus_no_window_job_can_use(backfill: bool) -> None:
     # 8 GPUs; r holds 6 of a0. The queue: big (8 GPUs, waited longest) then wide (4): their minimums
-    # fill the window (8 GPUs), and neither fits the 2 idle GPUs. Behind the window, long (1 GPU, about
-    # an hour of work) would outlive the quantum that protects a new attempt (300 s + its restart), so
-    # it stays out; short (1 GPU, about 100 s) fits and ends within it: backfilled.
+    # fill the window (8 GPUs), and neither fits the 2 idle GPUs. small (1 GPU, behind the window) does;
+    # ran (1 GPU, behind the window too) was preempted before: it returns by its queue position only.
     servers = [srv("a0", 8, 1.0)]
-    rate = 32 / (PROFILE.tf_s + PROFILE.tb_s + PROFILE.tu_s)  # one GPU's samples/s (no data time)
     r = JobView(spec("r", 6), current=C(a0=6), running_s=100.0, attempt_s=100.0)
     big = JobView(spec("big", 8), waited_s=9000.0)
     wide = JobView(spec("wide", 4), waited_s=8000.0)
-    long = JobView(replace(spec("long", 1), total_samples=3600.0 * rate), waited_s=20.0)
-    short = JobView(replace(spec("short", 1), total_samples=100.0 * rate), waited_s=10.0)
-    snap = snapshot(servers, [r, big, wide, long, short])
+    ran = JobView(spec("ran", 1), waited_s=20.0, running_s=600.0)
+    small = JobView(spec("small", 1), waited_s=10.0)
+    snap = snapshot(servers, [r, big, wide, ran, small])
     settings_ = SchedulerSettings(solver="exact", idle_backfill=backfill, sensitivity_adjustment=False)
-    plan = plan_fragments(snap, profiled(r, big, wide, long, short), settings_)
+    plan = plan_fragments(snap, profiled(r, big, wide, ran, small), settings_)
     assert plan.assignments.get("r") == C(a0=6)
-    assert plan.assignments.get("short") == (C(a0=1) if backfill else None)
-    assert not {"big", "wide", "long"} & set(plan.assignments)
+    assert plan.assignments.get("small") == (C(a0=1) if backfill else None)
+    assert not {"big", "wide", "ran"} & set(plan.assignments)
     assert plan.idle_gpus == (1 if backfill else 2)

@@ -280,6 +280,7 @@ def test_fragment_plans_leave_idle_backfill_to_a_held_reservation(
 
     monkeypatch.setattr(planner, "idle_backfill", spy)
     views = scene()
-    plan = plan_fragments(snap(views), estimator(views), replace(SETTINGS, reservations=reservations))
+    settings = replace(SETTINGS, reservations=reservations, idle_backfill=True)
+    plan = plan_fragments(snap(views), estimator(views), settings)
     assert bool(plan.reservations) is reservations
     assert bool(calls) is not reservations

@@ -64,6 +64,7 @@ class Progress:
     tw_s: float = 0.0
     time: float = 0.0
     mode: str = "run"
+    iteration_s: float = 0.0  # mean seconds of the recent iterations (0: not measured)
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -79,6 +80,7 @@ PROGRESS = Obj(
         "tw_s": Num(0.0),
         "time": Num(0.0),
         "mode": Str(enum=("run", "profile")),
+        "iteration_s": Num(0.0),
     },
     build=Progress,
     description=f"the runtime's {nodecontract.PROGRESS_FILE}",

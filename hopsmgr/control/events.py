@@ -102,10 +102,11 @@ class RunReport:
 
     attempt_id: str
     iteration: float | None = None  # iterations done at the job's smallest GPU count
-    samples_per_s: float = 0.0
+    samples_per_s: float = 0.0  # the samples the script counted per second (its own unit)
     td_s: float = 0.0
     tw_s: float = 0.0
     measuring: bool = False  # the rate was measured in running (not profiling) mode
+    iteration_s: float = 0.0  # mean seconds per recent iteration (0: not reported)
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,8 +108,15 @@ def on_reported(m: SchedulerMachine, event: NodeReported) -> None:
         job = state.jobs.get(attempt.job_id)
         if run.iteration is not None and event.node_id == attempt.primary and job is not None:
             spec = job.spec
-            done = run.iteration * spec.batch_size * spec.requirements.minimum
-            rate = run.samples_per_s if run.measuring else 0.0
+            per_iteration = spec.batch_size * spec.requirements.minimum
+            done = run.iteration * per_iteration
+            # [ours] the rate in the unit progress is counted in (an iteration is batch x R1 samples),
+            # from the iteration time: the samples a script passes to rt.step are its own rank's
+            # (R1 times fewer for a job whose smallest count is R1 GPUs); an older runtime that
+            # reports no iteration time is taken at its word
+            rate = 0.0
+            if run.measuring:
+                rate = per_iteration / run.iteration_s if run.iteration_s > 0 else run.samples_per_s
             m.progressed(AttemptProgressed(m.stimulus, attempt.id, done, rate, run.td_s, run.tw_s))
     vanished(m, event.node_id, reported, event.first)
     m.emit(NodeReply(m.stimulus, event.node_id, tuple(stop)))

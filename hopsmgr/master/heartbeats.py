@@ -168,6 +168,7 @@ def _run_report(attempt_id: str, progress: Progress | None) -> RunReport:
         progress.td_s,
         progress.tw_s,
         measuring=progress.mode == "run",
+        iteration_s=progress.iteration_s,
     )
 
 

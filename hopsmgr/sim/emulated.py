@@ -20,8 +20,8 @@ server alone; on a placement across GPU types the launch's speed-balanced shares
 give the primary's GPUs `node share x world GPUs / its GPUs` of an equal share of the global batch,
 and its iterations last that much longer (`_pace`). Units follow the master: a job's work is `iterations x batch x R1` samples (R1 its
 smallest GPU count, `JobSpec.samples_from_iterations`) and its progress `iteration x batch x R1`, so the
-true rate is `batch x R1 / t(v)`; what the runtime reports as samples/s (and the estimator learns from)
-is `batch / t(v)`, without R1, exactly as the live runtime reports it. Nothing is random: the emulation
+true rate is `batch x R1 / t(v)`; the master measures it so too, from the iteration time the runtime
+reports (the runtime's own samples/s, `batch / t(v)`, is the script's rank's, without R1). Nothing is random: the emulation
 is deterministic, and measurements carry no noise.
 """
 
@@ -126,8 +126,10 @@ class EmulatedWorld:
         return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0], pace)
 
     def reported_rate(self, model: str, server: Server) -> float:
-        """Samples/s as the runtime reports them: batch / iteration time (no R1)."""
-        return self._emulated(model).batch_size / self.iteration_s(model, server)
+        """Samples/s as the master records them from the runtime's iteration time: batch x R1 /
+        iteration time (the unit progress is counted in)."""
+        m = self._emulated(model)
+        return m.batch_size * m.base_gpus / self.iteration_s(model, server)
 
     def reference_rate(self, model: str, gpus: int, gpu_type: str | None = None) -> float:
         """The true rate on a nominal server of `gpu_type` (its default speed; the middle type by name
@@ -164,7 +166,8 @@ class EmulatedWorld:
         if not config_parts:
             raise ValueError("a configuration needs at least one (server, gpus) part")
         pace = _pace(config_parts, shares)
-        return self._emulated(model).batch_size / self.iteration_s(model, config_parts[0][0], pace)
+        m = self._emulated(model)
+        return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0], pace)
 
     def calibration(self, server: Server) -> Calibration:
         speed = self.speed(server)

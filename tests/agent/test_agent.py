@@ -160,3 +160,25 @@ def test_stopping_the_agent_stops_a_running_calibration(tmp_path: Path) -> None:
     wait_for(lambda: not calibrator.running(), 15, "the calibration child to be stopped")
     assert calibrator.latest is None and calibrator.runs == 0 and calibrator.error == ""
     assert not agent.start_calibration("after stop")
+
+
+def test_the_runtimes_progress_record_reaches_the_heartbeat_with_its_iteration_time() -> None:
+    # what hopsmgr.runtime writes to progress.json (keys the wire does not know are left out); the
+    # master measures the job's throughput from the iteration time (docs/master.md)
+    from hopsmgr_agent.main import _progress
+
+    record = {
+        "iteration": 40,
+        "start_iteration": 10,
+        "samples": 960.0,
+        "samples_per_s": 64.0,
+        "iteration_s": 0.5,
+        "td_s": 0.01,
+        "tw_s": 0.0,
+        "time": 1.7e9,
+        "mode": "run",
+    }
+    progress = _progress({"attempt": "a-1", "progress": record})
+    assert progress is not None
+    assert (progress.iteration, progress.samples_per_s, progress.iteration_s) == (40, 64.0, 0.5)
+    assert _progress({"attempt": "a-1", "progress": {**record, "iteration_s": -1.0}}) is None  # refused

@@ -18,6 +18,7 @@ from hopsmgr.control.commands import (
     Reply,
     StartProfiling,
     StopAttempt,
+    ThroughputSample,
 )
 from hopsmgr.control.events import (
     AttemptEnded,
@@ -29,7 +30,9 @@ from hopsmgr.control.events import (
     JobSubmitted,
     NodeBeat,
     NodeDrained,
+    NodeReported,
     RoundTick,
+    RunReport,
 )
 from hopsmgr.control.machine import ControlSettings
 from hopsmgr.control.planning import STARVED_ROUNDS
@@ -202,6 +205,24 @@ def test_progress_feeds_the_estimator_and_the_job(harness: Harness) -> None:
     servers = {s.id: s for s in SERVERS}
     rate = harness.machine.estimator.config_rate(spec("j1"), launch.placement, servers)
     assert rate is not None and 30.0 < rate <= 60.0  # pulled towards the measured 50 samples/s
+
+
+@pytest.mark.parametrize(("iteration_s", "measured"), [(0.5, 32 * 2 / 0.5), (0.0, 40.0)])
+def test_a_reported_rate_is_measured_in_the_unit_progress_is_counted_in(
+    harness: Harness, iteration_s: float, measured: float
+) -> None:
+    # A rigid 2-GPU job (batch 32): an iteration is 32 x 2 samples of progress. The runtime of its
+    # primary rank counts its own rank's samples (40/s reported): the machine measures 64 samples per
+    # iteration time instead; a runtime that reports no iteration time is taken at its word.
+    (launch,) = profiled(harness, "j1", (2,), samples=1e7)
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    harness.now = 400.0
+    run = RunReport(launch.attempt_id, 10.0, 40.0, measuring=True, iteration_s=iteration_s)
+    primary = launch.placement.parts[0][0]
+    out = harness.feed(NodeReported(harness.stimulus(), primary, (run,), (), False))
+    assert harness.machine.state.jobs["j1"].done_samples == 10 * 32 * 2
+    (sample,) = [r for r in harness.records(out) if isinstance(r, ThroughputSample)]
+    assert sample.samples_per_s == pytest.approx(measured)
 
 
 def test_a_drained_node_gets_no_new_work(harness: Harness) -> None:

@@ -55,10 +55,13 @@ def test_speed_balanced_shares_pace_the_primary_as_the_example_does() -> None:
     assert w.true_rate("misses", [(A100, 1), (P100, 1)], shares=shares) == pytest.approx(16 / step)
 
 
-def test_rigid_jobs_count_work_at_their_smallest_gpu_count_but_report_the_runtime_rate() -> None:
+def test_rigid_jobs_count_work_and_their_measured_rate_at_their_smallest_gpu_count() -> None:
+    # the master measures batch x R1 per iteration (the unit progress is counted in), not the
+    # runtime's own samples/s (its rank's batch)
     w = world()
     assert w.true_rate("rigid2", [(A100, 2)]) == pytest.approx(2 * 16 * 1.3 / 0.1)
-    assert w.sample_rate("rigid2", [(A100, 2)], random.Random(0)) == pytest.approx(16 * 1.3 / 0.1)
+    assert w.sample_rate("rigid2", [(A100, 2)], random.Random(0)) == pytest.approx(2 * 16 * 1.3 / 0.1)
+    assert w.reported_rate("rigid2", A100) == pytest.approx(2 * 16 * 1.3 / 0.1)
 
 
 def test_misses_and_overhead() -> None:

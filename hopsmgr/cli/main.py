@@ -103,6 +103,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         f"{', gavel-compat' if args.gavel_compat else ''}, seed={args.seed}",
         file=sys.stderr,
     )
+    runner.prepare_out(args.out)
     _run_simulation(spec, args.out)
     return 0
 
@@ -123,6 +124,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     spec = runner.RunSpec(cluster, world, workload, ("hops", "sia-lr", "gavel-lr"), seed=args.seed)
+    runner.prepare_out(args.out)
     _run_simulation(spec, args.out)
     return 0
 

@@ -133,6 +133,12 @@ async def body(request: web.Request) -> Any:
         raise RequestError(400, None, f"body is not valid JSON: {str(exc)[:200]}") from None
 
 
+async def no_body(request: web.Request) -> None:
+    """An operation that takes no body: none, or an empty JSON object ({}, what the CLI sends)."""
+    if await body(request) != {}:
+        raise RequestError(400, None, "this operation takes no body (or an empty JSON object)")
+
+
 def job_id(request: web.Request) -> str:
     value = request.match_info["job"]
     if not re.fullmatch(JOB_ID_PATTERN, value):
@@ -291,7 +297,11 @@ def _drain(drained: bool) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         admin(request)
         ctl = request.app[CTL]
-        reason = parse_drain_request(await body(request)).reason if drained else ""
+        if drained:
+            reason = parse_drain_request(await body(request)).reason
+        else:
+            await no_body(request)
+            reason = ""
         node = await heartbeats.set_drained(ctl, node_id(request), drained, reason)
         return web.json_response(views.node_view(ctl, node))
 
@@ -300,6 +310,7 @@ def _drain(drained: bool) -> Handler:
 
 async def calibrate_node(request: web.Request) -> web.Response:
     admin(request)
+    await no_body(request)
     ctl = request.app[CTL]
     node = heartbeats.request_calibration(ctl, node_id(request))
     return web.json_response({**views.node_view(ctl, node), "calibration_requested": True})

@@ -444,7 +444,7 @@ def openapi_document() -> dict[str, Any]:
             },
             "/api/v1/nodes/{node}/undrain": {
                 "post": _op(
-                    "undrainNode", "Undrain a node (admin)", NODE, errors=(403, 404, 503), params=[node]
+                    "undrainNode", "Undrain a node (admin)", NODE, errors=(400, 403, 404, 503), params=[node]
                 )
             },
             "/api/v1/nodes/{node}/calibrate": {
@@ -452,7 +452,7 @@ def openapi_document() -> dict[str, Any]:
                     "calibrateNode",
                     "Run the node's calibration kernels (admin)",
                     CALIBRATING_NODE,
-                    errors=(403, 404, 503),
+                    errors=(400, 403, 404, 503),
                     params=[node],
                 )
             },

@@ -357,6 +357,20 @@ def check_out(out: Path | None) -> None:
         raise SimInputError(f"--out: {str(out)!r} exists and is not a directory")
 
 
+def prepare_out(out: Path | None) -> None:
+    """Create --out once every other input is checked, and refuse it if the results could not be
+    written there, before any policy runs."""
+    if out is None:
+        return
+    check_out(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SimInputError(f"--out: cannot create {str(out)!r}: {exc.strerror or exc}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SimInputError(f"--out: {str(out)!r} is not writable")
+
+
 def check_policies(names: Sequence[str]) -> tuple[str, ...]:
     bad = [n for n in names if n not in POLICY_NAMES]
     if bad or not names:

@@ -463,6 +463,17 @@ def test_non_positive_limit_is_rejected(
     assert not out.exists()
 
 
+def test_out_that_cannot_be_created_exits_2_before_any_policy_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, stdout, stderr = run(
+        capsys, "simulate", "--cluster", PAPER_CLUSTER, "--workload", SMALL, "--policies", "fifo",
+        "--out", "/proc/hopsmgr-no-such-dir/out",
+    )  # fmt: skip
+    assert code == 2 and "--out: cannot create '/proc/hopsmgr-no-such-dir/out'" in stderr, stderr
+    assert "fifo" not in stdout and "Traceback" not in stderr  # refused before the simulation
+
+
 def test_out_naming_a_file_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "taken"
     out.write_text("not a directory\n")

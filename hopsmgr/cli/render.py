@@ -265,8 +265,8 @@ def explain_text(doc: Mapping[str, Any]) -> str:
     window = doc.get("window")
     in_window = doc.get("in_window")
     membership = DASH if in_window is None else ("in the service window" if in_window else "outside it")
-    if window is not None:
-        membership += f" (window: {value_text(window)})"
+    if window is not None:  # the window counts the running jobs it holds too, the position does not
+        membership += f" (the window holds {value_text(window)} jobs, running ones included)"
     quota = doc.get("quota") or {}
     quota_line = DASH
     if quota:

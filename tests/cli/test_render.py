@@ -96,6 +96,10 @@ def test_explain_marks_the_chosen_configuration(utc: None) -> None:
     }  # fmt: skip
     text = render.explain_text(doc)
     assert "  queue position: 1" in text
+    assert "in the service window (the window holds 4 jobs, running ones included)" in text
+    # a waiting job's position counts waiting jobs only; the window counts the running ones it holds
+    outside = render.explain_text({**doc, "position": 2, "in_window": False, "window": 3})
+    assert "outside it (the window holds 3 jobs, running ones included)" in outside
     assert "  quota:          tenant nlp: uses 8 GPUs, guaranteed 8, cap 16, borrowed 0" in text
     assert "  last round:     2026-11-30T10:41:40+00:00 (periodic, ilp, proven optimal)" in text
     assert text.splitlines()[-3:] == [

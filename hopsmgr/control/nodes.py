@@ -6,6 +6,7 @@ Functions of a `SchedulerMachine` (hopsmgr.control.machine), which dispatches no
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from hopsmgr.control import limits
@@ -117,6 +118,8 @@ def on_reported(m: SchedulerMachine, event: NodeReported) -> None:
             rate = 0.0
             if run.measuring:
                 rate = per_iteration / run.iteration_s if run.iteration_s > 0 else run.samples_per_s
+                if not math.isfinite(rate):  # a job's own progress file: 1e-320 s an iteration is no rate
+                    rate = 0.0
             m.progressed(AttemptProgressed(m.stimulus, attempt.id, done, rate, run.td_s, run.tw_s))
     vanished(m, event.node_id, reported, event.first)
     m.emit(NodeReply(m.stimulus, event.node_id, tuple(stop)))

@@ -24,8 +24,9 @@ def test_a_drain_reason_is_shown_kept_across_a_restart_and_cleared_by_undrain(cl
     assert cluster.api("GET", "/api/v1/nodes/n2")["drained"] is False  # nothing changed
     # operations that take no body refuse one (none, or {} as the CLI sends, is fine)
     for verb in ("undrain", "calibrate"):
-        status, answer = cluster.request("POST", f"/api/v1/nodes/n2/{verb}", b"x")
-        assert status == 400 and "body" in answer["error"]["message"], answer
+        for bad in (b"x", {"reason": "x"}):  # not JSON; JSON, but not empty
+            status, answer = cluster.request("POST", f"/api/v1/nodes/n2/{verb}", bad)
+            assert status == 400 and "body" in answer["error"]["message"], (verb, bad, answer)
         assert cluster.request("POST", f"/api/v1/nodes/n2/{verb}", {})[0] == 200
     assert cluster.cli("undrain", "n1").stdout.strip() == "n1: not drained"
     assert cluster.api("GET", "/api/v1/nodes/n1")["drain_reason"] is None

@@ -3,6 +3,8 @@ refused naming the field; the schemas that check them are the ones the OpenAPI d
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -123,3 +125,25 @@ def test_the_document_shows_the_schemas_the_api_checks_with() -> None:
     }
     job = doc["paths"]["/api/v1/jobs/{job}"]["get"]["parameters"][0]["schema"]
     assert job["pattern"] == f"^(?:{protocol.JOB_ID_PATTERN})$"
+
+
+def test_a_heartbeats_progress_reaches_the_machine_with_its_iteration_time() -> None:
+    # the master measures a job's rate from the iteration time (hopsmgr.control.nodes), so the
+    # heartbeat's progress must carry it into the machine's RunReport
+    from hopsmgr.master.heartbeats import _run_report
+
+    progress = Progress(
+        iteration=40, samples=960.0, samples_per_s=64.0, time=1.0, mode="run", iteration_s=0.5
+    )
+    beat = Heartbeat(
+        "n1", "v100", 2, "nvml", "/w", running=(protocol.RunningAttempt("a-1", "j-1", progress),)
+    )
+    (run,) = through_json(beat, parse_heartbeat).running
+    report = _run_report(run.attempt, run.progress)
+    assert (report.attempt_id, report.iteration, report.iteration_s, report.measuring) == (
+        "a-1",
+        40.0,
+        0.5,
+        True,
+    )
+    assert _run_report("a-2", replace(progress, mode="profile")).measuring is False

@@ -37,7 +37,7 @@ __all__ = [
     "parse_user_request",
 ]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: Progress carries iteration_s (2026-12-04)
 ID_PATTERN = "[A-Za-z0-9_.-]{1,64}"
 ID_RE = re.compile(ID_PATTERN)
 JOB_ID_PATTERN = "j-[0-9]{6,9}"  # the master numbers jobs j-000001, j-000002, ...

@@ -17,14 +17,15 @@ import re
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from hopsmgr.cli import render, users
 from hopsmgr.cli.arrays import array_bodies, parse_array
-from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, resolve_connection
+from hopsmgr.cli.client import ApiClient, ApiError, ClientConfigError, MasterUnreachable, resolve_connection
 from hopsmgr.cli.scripts import (
     UsageError,
     job_ids,
@@ -290,9 +291,25 @@ def cmd_show(args: argparse.Namespace, client: ApiClient) -> int:
     return _emit(args, client.get(_job_path(args.job)), render.job_detail)
 
 
+def _cancelled_line(job: str, doc: Mapping[str, Any]) -> str:
+    return f"{doc.get('id', job)}: {doc.get('state', '-')}"
+
+
 def cmd_cancel(args: argparse.Namespace, client: ApiClient) -> int:
-    doc = client.post(_job_path(args.job, "/cancel"))
-    return _emit(args, doc, lambda d: f"{d.get('id', args.job)}: {d.get('state', '-')}")
+    """Cancel each job named, in order; one the master refuses is reported and the rest still go
+    (exit 1 if any was refused). With --json, one answer per line."""
+    failed = False
+    for job in dict.fromkeys(args.jobs):
+        try:
+            doc = client.post(_job_path(job, "/cancel"))
+        except MasterUnreachable:
+            raise
+        except ApiError as exc:
+            print(f"error: {exc}" if job in str(exc) else f"error: {job}: {exc}", file=sys.stderr)
+            failed = True
+            continue
+        _emit(args, doc, partial(_cancelled_line, job))
+    return 1 if failed else 0
 
 
 def cmd_explain(args: argparse.Namespace, client: ApiClient) -> int:
@@ -625,11 +642,12 @@ def register(subparsers: Any) -> None:
     )
     which.add_argument("--all", action="store_true", help="jobs in every state, finished ones too")
 
-    for name, func, help_text in (
-        ("show", cmd_show, "a job's details, history and attempts"),
-        ("cancel", cmd_cancel, "cancel a job (a running attempt is stopped)"),
-    ):
-        _add(subparsers, name, func, help_text, common).add_argument("job", help="job id, e.g. j-000001")
+    _add(subparsers, "show", cmd_show, "a job's details, history and attempts", common).add_argument(
+        "job", help="job id, e.g. j-000001"
+    )
+    _add(subparsers, "cancel", cmd_cancel, "cancel jobs (a running attempt is stopped)", common).add_argument(
+        "jobs", nargs="+", metavar="job", help="job ids, e.g. j-000001 j-000002"
+    )
     explain = _add(subparsers, "explain", cmd_explain, "why a job waits, or runs where it does", common)
     explain.add_argument("job", help="job id, e.g. j-000001")
     explain.add_argument(

@@ -267,11 +267,13 @@ COLUMNS = (
 
 
 def table(rows: dict[str, dict[str, Any]]) -> str:
-    head = " ".join(f"{name[:w]:>{w}}" for name, _, w in COLUMNS)
+    """The summary table; every column as wide as its name, so no header is cut."""
+    columns = [(name, fmt, max(w, len(name))) for name, fmt, w in COLUMNS]
+    head = " ".join(f"{name:>{w}}" for name, _, w in columns)
     lines = [head, "-" * len(head)]
     for policy, row in rows.items():
         cells = []
-        for name, fmt, w in COLUMNS:
+        for name, fmt, w in columns:
             value = policy if name == "policy" else row.get(name)
             cells.append(f"{'-' if value is None else fmt.format(value):>{w}}")
         lines.append(" ".join(cells))

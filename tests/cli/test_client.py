@@ -158,6 +158,14 @@ def test_logs_tail_and_cancel_and_token(cli: Callable[..., Result], master: Fake
     assert master.requests[0].query == [("tail", "14")]
     code, out, _ = cli("cancel", *auth(master.url), "j-000001")
     assert (code, out) == (0, "j-000001: CANCELLED\n")
+    # several ids: each is cancelled in turn, one refused does not stop the others (exit 1), twice is once
+    master.requests.clear()
+    code, out, err = cli("cancel", *auth(master.url), "j-000001", "j-404", "j-000002", "j-000001")
+    assert (code, out) == (1, "j-000001: CANCELLED\nj-000002: CANCELLED\n")
+    assert err == "error: id: no job j-404\n"
+    assert [r.path for r in master.requests] == [
+        f"/api/v1/jobs/{j}/cancel" for j in ("j-000001", "j-404", "j-000002")
+    ]
     code, out, _ = cli("token", "create", *auth(master.url), "--user", "bo", "--tenant", "nlp", "--admin")
     assert (code, out) == (0, "new-secret\n")
     assert master.requests[-1].body == {"user": "bo", "tenant": "nlp", "admin": True}

@@ -19,7 +19,6 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -297,19 +296,23 @@ def _cancelled_line(job: str, doc: Mapping[str, Any]) -> str:
 
 def cmd_cancel(args: argparse.Namespace, client: ApiClient) -> int:
     """Cancel each job named, in order; one the master refuses is reported and the rest still go
-    (exit 1 if any was refused). With --json, one answer per line."""
-    failed = False
-    for job in dict.fromkeys(args.jobs):
+    (exit 1 if any was refused). With --json: the answer for one job, a list of them for several."""
+    jobs = list(dict.fromkeys(args.jobs))
+    answers = []
+    for job in jobs:
         try:
             doc = client.post(_job_path(job, "/cancel"))
         except MasterUnreachable:
             raise
         except ApiError as exc:
             print(f"error: {exc}" if job in str(exc) else f"error: {job}: {exc}", file=sys.stderr)
-            failed = True
             continue
-        _emit(args, doc, partial(_cancelled_line, job))
-    return 1 if failed else 0
+        answers.append(doc)
+        if not args.json:
+            print(_cancelled_line(job, doc))
+    if args.json and answers:
+        _print_json(answers[0] if len(jobs) == 1 else answers)
+    return 0 if len(answers) == len(jobs) else 1
 
 
 def cmd_explain(args: argparse.Namespace, client: ApiClient) -> int:

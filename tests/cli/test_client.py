@@ -166,6 +166,11 @@ def test_logs_tail_and_cancel_and_token(cli: Callable[..., Result], master: Fake
     assert [r.path for r in master.requests] == [
         f"/api/v1/jobs/{j}/cancel" for j in ("j-000001", "j-404", "j-000002")
     ]
+    # --json: one job's answer as it is, several as one list (the refused one left out)
+    code, out, _ = cli("cancel", *auth(master.url), "--json", "j-000001")
+    assert code == 0 and json.loads(out)["id"] == "j-000001"
+    code, out, _ = cli("cancel", *auth(master.url), "--json", "j-000001", "j-404", "j-000002")
+    assert code == 1 and [d["id"] for d in json.loads(out)] == ["j-000001", "j-000002"]
     code, out, _ = cli("token", "create", *auth(master.url), "--user", "bo", "--tenant", "nlp", "--admin")
     assert (code, out) == (0, "new-secret\n")
     assert master.requests[-1].body == {"user": "bo", "tenant": "nlp", "admin": True}

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sqlite3
 import statistics
 import sys
@@ -177,7 +178,8 @@ def measure_calibration(
         job = jobs.get(a["job_id"])
         if job is None or a["ended"] is None:
             continue
-        server = servers[next(iter(json.loads(a["placement"])))]
+        placement = json.loads(a["placement"])
+        server = servers[next(iter(placement))]
         iter_s = bare.iteration_s(job.model.name, server)
         if a["profiling"]:
             if a["exit_code"] == 0:
@@ -186,14 +188,18 @@ def measure_calibration(
         first = a["job_id"] not in seen_run
         seen_run.add(a["job_id"])
         if first and a["exit_code"] == 0:
-            launch.append(a["ended"] - a["created"] - job.iters * iter_s)
+            # an iteration on G GPUs does G / R1 of the job's iterations (rt.work)
+            steps = math.ceil(job.iters * job.model.base_gpus / sum(placement.values()) - 1e-9)
+            launch.append(a["ended"] - a["created"] - steps * iter_s)
         if a["id"] in stop_time:
             checkpoint.append(a["ended"] - stop_time[a["id"]])
     for t in live["throughput"]:
         job = jobs.get(t["job_id"])
         if job is not None and t["samples_per_s"] > 0:
-            server = servers[next(iter(json.loads(t["placement"])))]
-            overhead.append(bare.reported_rate(job.model.name, server) / t["samples_per_s"] - 1.0)
+            placement = json.loads(t["placement"])
+            server = servers[next(iter(placement))]
+            gpus = sum(placement.values())
+            overhead.append(bare.reported_rate(job.model.name, server, gpus) / t["samples_per_s"] - 1.0)
 
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None

@@ -26,7 +26,12 @@ def advance(checksum: int, iteration: int, seed: int) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, required=True, help="total iterations of the job")
+    p.add_argument(
+        "--iters",
+        type=int,
+        required=True,
+        help="total iterations of the job, counted at its smallest GPU count",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--step-seconds", type=float, default=0.05, help="work per iteration at speed 1")
     p.add_argument("--seed", type=int, default=0)
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if rt.settings.rank_shares:
         print(f"batch share {rt.node_share:.4f} of the global batch (x{per_gpu:.3f} per GPU)", flush=True)
     quarter = args.step_seconds * per_gpu / rt.emulated_speed / 4
-    while rt.iteration < args.iters:
+    while not rt.done(args.iters):  # rt.work counts iterations at the smallest GPU count
         it = rt.iteration
         with rt.phase("data"):
             miss = args.miss_every > 0 and it % args.miss_every == 0

@@ -2,13 +2,15 @@
 
 The model is built from a config (2 layers, embedding 32, vocabulary 64: nothing is downloaded) and
 learns synthetic counting sequences (token t+1 follows token t, modulo the vocabulary). The hopsmgr
-part is two lines: `HopsCallback()` in the Trainer's callbacks and
+part is two lines: `HopsCallback(iters=...)` in the Trainer's callbacks and
 `trainer.train(resume_from_checkpoint=hops.resume_checkpoint(output_dir))`.
 
     python examples/hf_train.py --iters 40 --batch-size 4
 
-Under hopsmgr one iteration is one optimizer step: submit with the same `--iters` (max_steps) and
-`--batch-size` (per-device batch x gradient accumulation). Prints `step <n> loss <x>` per step, then
+Under hopsmgr one iteration is one optimizer step at the job's smallest GPU count: submit with the
+same `--iters` (max_steps) and `--batch-size` (per-device batch x gradient accumulation). On more GPUs
+a step does more of the job's iterations (the per-device batch stays fixed) and `HopsCallback(iters=)`
+stops training once they are done. Prints `step <n> loss <x>` per step, then
 `final step <n>` and `final digest <sha256 of the parameters>`.
 """
 
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    hops = HopsCallback()
+    hops = HopsCallback(iters=args.iters)  # on more GPUs than the smallest count: fewer steps
     trainer = Trainer(
         model=model,
         args=training,

@@ -10,7 +10,9 @@ checkpoint at the right step but starts a plain DataLoader's epoch over, so data
 
     python examples/lightning_train.py --iters 40 --batch-size 16
 
-One iteration is one optimizer step (`max_steps` = `--iters`). Prints `step <n> loss <x>` per step,
+One iteration is one optimizer step at the job's smallest GPU count (`max_steps` = `--iters`); on
+more GPUs a step does more of them (the per-device batch stays fixed) and `HopsCallback(iters=)` stops
+training once they are done. Prints `step <n> loss <x>` per step,
 then `final step <n>` and `final digest <sha256 of the parameters>`.
 """
 
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("HOPS_THREADS", "1")))
     lightning.seed_everything(args.seed, verbose=False)
     model = Regressor(args.batch_size, args.seed, args.step_seconds)
-    hops = HopsCallback(batch_size=args.batch_size)
+    hops = HopsCallback(batch_size=args.batch_size, iters=args.iters)  # more GPUs: fewer steps
     trainer = lightning.Trainer(
         max_steps=args.iters,
         accelerator="cpu",

@@ -143,7 +143,12 @@ def digest(model: nn.Module) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--iters", type=int, required=True, help="total iterations of the job")
+    p.add_argument(
+        "--iters",
+        type=int,
+        required=True,
+        help="total iterations of the job, counted at its smallest GPU count",
+    )
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=3e-3, help="learning rate before HOPS_LR_SCALE")
@@ -197,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     model.train()
+    # rt.work counts iterations at the smallest GPU count (on more GPUs a step does more of them);
     # in profile mode step() exits 0 once the profile is written, whatever --iters says
-    while rt.iteration < args.iters or rt.mode == "profile":
+    while not rt.done(args.iters) or rt.mode == "profile":
         it = rt.iteration
         with rt.phase("data"):
             inputs, targets = make_batch(args.seed, it, args.batch_size)

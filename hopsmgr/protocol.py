@@ -37,7 +37,7 @@ __all__ = [
     "parse_user_request",
 ]
 
-PROTOCOL_VERSION = 2  # 2: Progress carries iteration_s (2026-12-04)
+PROTOCOL_VERSION = 3  # 2: Progress carries iteration_s; 3: and work (2026-12-04)
 ID_PATTERN = "[A-Za-z0-9_.-]{1,64}"
 ID_RE = re.compile(ID_PATTERN)
 JOB_ID_PATTERN = "j-[0-9]{6,9}"  # the master numbers jobs j-000001, j-000002, ...
@@ -65,6 +65,9 @@ class Progress:
     time: float = 0.0
     mode: str = "run"
     iteration_s: float = 0.0  # mean seconds of the recent iterations (0: not measured)
+    # the job's work done, in iterations at its smallest GPU count (an iteration on G GPUs does G / R1
+    # of them); None from an older runtime (no "work" in its progress file): each iteration counts as one
+    work: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return _json(self)
@@ -81,6 +84,7 @@ PROGRESS = Obj(
         "time": Num(0.0),
         "mode": Str(enum=("run", "profile")),
         "iteration_s": Num(0.0),
+        "work": Nullable(Num(0.0)),
     },
     build=Progress,
     description=f"the runtime's {nodecontract.PROGRESS_FILE}",

@@ -561,7 +561,8 @@ def register(subparsers: Any) -> None:
         "--batch-size",
         type=_positive_int,
         metavar="B",
-        help="per-GPU batch size: an iteration at the smallest GPU count R1 processes B x R1 samples",
+        help="per-GPU batch size: an iteration on G GPUs processes B x G samples (B x R1 at the smallest "
+        "count R1, the unit of --iters)",
     )
     work = submit.add_mutually_exclusive_group()
     work.add_argument(

@@ -107,6 +107,9 @@ class RunReport:
     tw_s: float = 0.0
     measuring: bool = False  # the rate was measured in running (not profiling) mode
     iteration_s: float = 0.0  # mean seconds per recent iteration (0: not reported)
+    # `iteration` is the runtime's work (an iteration on G GPUs counted as G / R1 of them); False: an
+    # older runtime (no work in its progress file) reported plain iterations, each counted as one
+    work_counted: bool = False
 
 
 @dataclass(frozen=True, slots=True)

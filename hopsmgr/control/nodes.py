@@ -109,12 +109,14 @@ def on_reported(m: SchedulerMachine, event: NodeReported) -> None:
         job = state.jobs.get(attempt.job_id)
         if run.iteration is not None and event.node_id == attempt.primary and job is not None:
             spec = job.spec
-            per_iteration = spec.batch_size * spec.requirements.minimum
-            done = run.iteration * per_iteration
-            # [ours] the rate in the unit progress is counted in (an iteration is batch x R1 samples),
-            # from the iteration time: the samples a script passes to rt.step are its own rank's
-            # (R1 times fewer for a job whose smallest count is R1 GPUs); an older runtime that
-            # reports no iteration time is taken at its word
+            done = run.iteration * spec.batch_size * spec.requirements.minimum
+            # [ours] the rate in samples of the job's work, from the iteration time: an iteration on G
+            # GPUs processes batch x G samples (the per-GPU batch stays fixed, HOPS.md section 1), as
+            # the estimator predicts; an older runtime counted each iteration as batch x R1. The
+            # samples a script passes to rt.step are its own rank's (G times fewer); a runtime that
+            # reports no iteration time is taken at its word.
+            gpus = attempt.placement.gpus if run.work_counted else spec.requirements.minimum
+            per_iteration = spec.batch_size * gpus
             rate = 0.0
             if run.measuring:
                 rate = per_iteration / run.iteration_s if run.iteration_s > 0 else run.samples_per_s

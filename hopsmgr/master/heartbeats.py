@@ -163,13 +163,20 @@ def _run_report(attempt_id: str, progress: Progress | None) -> RunReport:
         return RunReport(attempt_id)
     return RunReport(
         attempt_id,
-        float(progress.iteration),
+        work_done(progress),
         progress.samples_per_s,
         progress.td_s,
         progress.tw_s,
         measuring=progress.mode == "run",
         iteration_s=progress.iteration_s,
+        work_counted=progress.work is not None,
     )
+
+
+def work_done(progress: Progress) -> float:
+    """The job's work a progress record says is done, in iterations at its smallest GPU count (an older
+    runtime's plain iteration count when it reports no work)."""
+    return float(progress.iteration) if progress.work is None else progress.work
 
 
 def _ended(ctl: Controller, stim: str, node_id: str, fin: FinishedAttempt, written: Written) -> AttemptEnded:
@@ -177,7 +184,7 @@ def _ended(ctl: Controller, stim: str, node_id: str, fin: FinishedAttempt, writt
     job = ctl.machine.state.jobs.get(attempt.job_id) if attempt is not None else None
     done = None
     if fin.progress is not None and job is not None:
-        done = fin.progress.iteration * job.spec.batch_size * job.spec.requirements.minimum
+        done = work_done(fin.progress) * job.spec.batch_size * job.spec.requirements.minimum
     profile, problem = ctl.profile_of(fin.profile)
     if profile is not None and attempt is not None and job is not None and attempt.profiling:
         server = ctl.nodes[attempt.primary].effective_server()

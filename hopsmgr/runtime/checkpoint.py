@@ -77,13 +77,18 @@ def read_verified(ckpt: Checkpoint) -> bytes | None:
     return data
 
 
-def save(directory: Path, iteration: int, state: Any) -> Path:
-    """Write a checkpoint of `state` at `iteration`, verify it, and drop all but the latest `KEEP`."""
+def save(directory: Path, iteration: int, state: Any, work: float | None = None) -> Path:
+    """Write a checkpoint of `state` at `iteration` (with the job's `work` done, in iterations at its
+    smallest GPU count; `iteration` when not given), verify it, and drop all but the latest `KEEP`."""
     if iteration < 0:
         raise ValueError(f"checkpoint iteration must be >= 0, got {iteration}")
+    work = float(iteration) if work is None else float(work)
+    if not (work >= 0 and work != float("inf")):
+        raise ValueError(f"checkpoint work must be a finite number >= 0, got {work}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    payload = pickle.dumps({"iteration": iteration, "state": state}, protocol=pickle.HIGHEST_PROTOCOL)
+    record = {"iteration": iteration, "work": work, "state": state}
+    payload = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
     ckpt = Checkpoint(iteration, data_path(directory, iteration), sidecar_path(directory, iteration))
     atomic_write_bytes(ckpt.data, payload)
     atomic_write_json(
@@ -120,6 +125,13 @@ def _prune(directory: Path, newest: Checkpoint) -> None:
 
 def load_latest(directory: Path | None) -> tuple[int, Any] | None:
     """(iteration, state) of the newest verified checkpoint in `directory`, or None if there is none."""
+    found = load_latest_record(directory)
+    return None if found is None else (found[0], found[2])
+
+
+def load_latest_record(directory: Path | None) -> tuple[int, float, Any] | None:
+    """(iteration, work, state) of the newest verified checkpoint in `directory`, or None if there is
+    none; a checkpoint written before work was recorded gives its iteration as its work."""
     if directory is None:
         return None
     for ckpt in list_checkpoints(Path(directory)):
@@ -131,5 +143,8 @@ def load_latest(directory: Path | None) -> tuple[int, Any] | None:
         except Exception:
             continue
         if isinstance(payload, dict) and payload.get("iteration") == ckpt.iteration:
-            return ckpt.iteration, payload.get("state")
+            work = payload.get("work", ckpt.iteration)
+            if isinstance(work, bool) or not isinstance(work, int | float) or not 0 <= work < float("inf"):
+                work = ckpt.iteration
+            return ckpt.iteration, float(work), payload.get("state")
     return None

@@ -115,6 +115,7 @@ class Settings:
     # the placement's order; any consistent index keeps the slices tiling the batch), else RANK.
     share_rank: int = 0
     world_gpus: int = 1  # HOPS_WORLD_GPUS: GPUs of the whole placement
+    base_gpus: int = 1  # HOPS_BASE_GPUS: the job's smallest GPU count (R1), the unit of its work
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -148,6 +149,9 @@ class Settings:
                 else rank
             ),
             world_gpus=_env_int(env, nc.WORLD_GPUS, _env_int(env, nc.GPUS, 1, 1), 1),
+            base_gpus=_env_int(
+                env, nc.BASE_GPUS, _env_int(env, nc.WORLD_GPUS, _env_int(env, nc.GPUS, 1, 1), 1), 1
+            ),
         )
 
 
@@ -165,6 +169,8 @@ class Runtime:
         self._s = settings or Settings()
         self._iteration = 0
         self._start_iteration = 0
+        self._work = 0.0
+        self._start_work = 0.0
         self._samples = 0.0
         self._requested = False
         self._recent: deque[_Step] = deque(maxlen=PACE_WINDOW)
@@ -263,6 +269,25 @@ class Runtime:
         return self._iteration
 
     @property
+    def work_per_step(self) -> float:
+        """The job's work one step of this attempt does, in iterations at its smallest GPU count (the
+        unit of `--iters`): `HOPS_WORLD_GPUS / HOPS_BASE_GPUS`. The per-GPU batch stays fixed when the
+        count changes (HOPS.md), so a step on twice the GPUs processes twice the samples."""
+        return self._s.world_gpus / self._s.base_gpus
+
+    @property
+    def work(self) -> float:
+        """The job's work done, in iterations at its smallest GPU count (the unit of `--iters`): the
+        resumed work plus `work_per_step` for each step of this process. Loop while it is below the
+        job's iterations, and a job given more GPUs than its smallest count ends sooner."""
+        return self._work
+
+    def done(self, total: float) -> bool:
+        """True once the job's work reaches `total` iterations at its smallest GPU count."""
+        # a rounding margin: 3 steps of 1/3 are one iteration of work, not 0.999...
+        return self._work >= total - 1e-9 * max(1.0, abs(total))
+
+    @property
     def checkpoint_requested(self) -> bool:
         if self._requested:
             return True
@@ -303,9 +328,10 @@ class Runtime:
         """Load the newest verified checkpoint: (iteration, state), or (0, None) when there is none."""
         if self._iteration != self._start_iteration:
             raise RuntimeError("resume() must be called before the first step()")
-        found = checkpoint.load_latest(self._s.checkpoint_dir)
-        it, state = found if found is not None else (0, None)
+        found = checkpoint.load_latest_record(self._s.checkpoint_dir)
+        it, work, state = found if found is not None else (0, 0.0, None)
         self._iteration = self._start_iteration = it
+        self._work = self._start_work = work
         self._iter_start = time.perf_counter()
         return it, state
 
@@ -348,6 +374,7 @@ class Runtime:
         self._first_phase_t0 = None
         self._iter_start = now
         self._iteration += 1
+        self._work += self.work_per_step
         self._samples += rec.samples
         self._recent.append(rec)
         if self._s.mode == "profile":
@@ -366,13 +393,22 @@ class Runtime:
             raise ValueError(f"unknown phase {name!r}; expected one of {', '.join(PHASES)}")
         self._current[name] = self._current.get(name, 0.0) + max(0.0, float(seconds))
 
-    def start_at(self, iteration: int) -> None:
-        """Count from `iteration` (a framework resumed its own checkpoint at that step); before any step."""
+    def start_at(self, iteration: int, work: float | None = None) -> None:
+        """Count from `iteration` (a framework resumed its own checkpoint at that step); before any step.
+        `work` is the job's work done by then (`work`'s unit); without it, `iteration` x this attempt's
+        `work_per_step`, exact for a job that ran at one GPU count."""
         if self._iteration != self._start_iteration:
             raise RuntimeError("start_at() must be called before the first step()")
         if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
+        if work is None:
+            work = iteration * self.work_per_step
+        elif (
+            isinstance(work, bool) or not isinstance(work, int | float) or not math.isfinite(work) or work < 0
+        ):
+            raise ValueError(f"work must be a finite number >= 0, got {work!r}")
         self._iteration = self._start_iteration = iteration
+        self._work = self._start_work = float(work)
 
     def exit_checkpointed(self, saved: Path | None = None) -> NoReturn:
         """Write the last progress record and exit `EXIT_CHECKPOINTED` (after a checkpoint was saved)."""
@@ -386,7 +422,7 @@ class Runtime:
         """Save `state` at the current iteration now; None when no checkpoint directory is set."""
         if self._s.checkpoint_dir is None:
             return None
-        return checkpoint.save(self._s.checkpoint_dir, self._iteration, state)
+        return checkpoint.save(self._s.checkpoint_dir, self._iteration, state, work=self._work)
 
     def finish(self) -> None:
         """Write the final progress record; in profile mode, a job shorter than the profiling run writes
@@ -409,6 +445,8 @@ class Runtime:
         return {
             "iteration": self._iteration,
             "start_iteration": self._start_iteration,
+            "work": self._work,
+            "start_work": self._start_work,
             "samples": self._samples,
             "samples_per_s": _finite(sum(r.samples for r in recent) / seconds) if seconds > 0 else 0.0,
             "iteration_s": _finite(mean([r.seconds for r in recent])),

@@ -35,8 +35,12 @@ KIND = "transformers-trainer"
 class HopsCallback(TrainerCallback):
     """A `TrainerCallback` linking a Trainer to hopsmgr (see the module's documentation)."""
 
-    def __init__(self, runtime: Runtime | None = None) -> None:
+    def __init__(self, runtime: Runtime | None = None, *, iters: float | None = None) -> None:
+        """`iters`: the job's iterations at its smallest GPU count (`--iters`): training stops once
+        the runtime's work reaches them, so an attempt on more GPUs (each step doing more of them)
+        ends sooner; without it, only the Trainer's max_steps ends training."""
         self.runtime = runtime if runtime is not None else init()
+        self.iters = iters
         self._last_end: float | None = None
         self._step_begin = 0.0
         self._pre_optimizer = 0.0
@@ -77,6 +81,8 @@ class HopsCallback(TrainerCallback):
         rt = self.runtime
         samples = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         rt.count(samples)  # in profile mode: exits 0 once the profile is written
+        if self.iters is not None and rt.mode == "run" and rt.done(self.iters):
+            control.should_training_stop = True
         if rt.checkpoint_requested:
             if rt.mode == "profile" or rt.settings.checkpoint_dir is None:
                 rt.exit_checkpointed(None)

@@ -50,12 +50,17 @@ class HopsCallback(lightning.pytorch.Callback):
     """A Lightning `Callback` linking a Trainer to hopsmgr (see the module's documentation).
 
     `batch_size`: samples of one optimizer step; by default counted from each batch (the length of
-    its first tensor) and summed over gradient accumulation.
+    its first tensor) and summed over gradient accumulation. `iters`: the job's iterations at its
+    smallest GPU count (`--iters`): training stops once the runtime's work reaches them, so an
+    attempt on more GPUs ends sooner; without it, only the Trainer's max_steps ends training.
     """
 
-    def __init__(self, runtime: Runtime | None = None, *, batch_size: int | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime | None = None, *, batch_size: int | None = None, iters: float | None = None
+    ) -> None:
         self.runtime = runtime if runtime is not None else init()
         self.batch_size = batch_size
+        self.iters = iters
         self._last_end: float | None = None
         self._t: dict[str, float] = {}
         self._samples = 0.0
@@ -111,6 +116,8 @@ class HopsCallback(lightning.pytorch.Callback):
             samples = self.batch_size if self.batch_size is not None else self._samples
             self._samples = 0.0
             rt.count(samples)  # in profile mode: exits 0 once the profile is written
+            if self.iters is not None and rt.mode == "run" and rt.done(self.iters):
+                trainer.should_stop = True
             if rt.checkpoint_requested:
                 self._checkpoint_and_exit(trainer)
         self._last_end = time.perf_counter()

@@ -127,11 +127,12 @@ class TrainLoop:
         return it
 
     def iterations(self, total: int) -> Iterator[int]:
-        """The iteration numbers from the current one up to `total` (in profile mode on until the
-        profile is complete); after each body, the step: it may checkpoint and exit 75, or exit 0 when
-        profiling is done. Ends with the final progress record."""
+        """The iteration numbers from the current one until the job's work reaches `total` iterations
+        at its smallest GPU count (`Runtime.work`: an attempt on twice those GPUs takes half the steps;
+        in profile mode on until the profile is complete); after each body, the step: it may
+        checkpoint and exit 75, or exit 0 when profiling is done. Ends with the final progress record."""
         rt = self.runtime
-        while rt.iteration < total or rt.mode == "profile":
+        while not rt.done(total) or rt.mode == "profile":
             yield rt.iteration
             cuda_sync()
             rt.step(self.batch_size, state=self.state)

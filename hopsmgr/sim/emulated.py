@@ -18,11 +18,12 @@ over several servers runs one independent process per server, of which the maste
 (the placement's first server: its progress, its exit). The true rate is therefore that of the primary
 server alone; on a placement across GPU types the launch's speed-balanced shares (HOPS_RANK_SHARES)
 give the primary's GPUs `node share x world GPUs / its GPUs` of an equal share of the global batch,
-and its iterations last that much longer (`_pace`). Units follow the master: a job's work is `iterations x batch x R1` samples (R1 its
-smallest GPU count, `JobSpec.samples_from_iterations`) and its progress `iteration x batch x R1`, so the
-true rate is `batch x R1 / t(v)`; the master measures it so too, from the iteration time the runtime
-reports (the runtime's own samples/s, `batch / t(v)`, is the script's rank's, without R1). Nothing is random: the emulation
-is deterministic, and measurements carry no noise.
+and its iterations last that much longer (`_pace`). Units follow the master: a job's work is
+`iterations x batch x R1` samples (R1 its smallest GPU count, `JobSpec.samples_from_iterations`); the
+per-GPU batch stays fixed, so an iteration on G GPUs does G / R1 iterations of that work (`rt.work`,
+which the example loops on) and the true rate is `batch x G / t(v)`. The master measures it so too, from
+the iteration time the runtime reports (the runtime's own samples/s, `batch / t(v)`, is the script's
+rank's). Nothing is random: the emulation is deterministic, and measurements carry no noise.
 """
 
 from __future__ import annotations
@@ -123,23 +124,22 @@ class EmulatedWorld:
             raise ValueError("a configuration needs at least one (server, gpus) part")
         m = self._emulated(model)
         pace = _pace(config_parts, shares)
-        return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0], pace)
+        return m.batch_size * _gpus(config_parts) / self.iteration_s(model, config_parts[0][0], pace)
 
-    def reported_rate(self, model: str, server: Server) -> float:
-        """Samples/s as the master records them from the runtime's iteration time: batch x R1 /
-        iteration time (the unit progress is counted in)."""
-        m = self._emulated(model)
-        return m.batch_size * m.base_gpus / self.iteration_s(model, server)
+    def reported_rate(self, model: str, server: Server, gpus: int) -> float:
+        """Samples/s as the master records them from the runtime's iteration time on a placement of
+        `gpus` GPUs whose primary is `server` (equal shares): batch x gpus / iteration time."""
+        return self._emulated(model).batch_size * gpus / self.iteration_s(model, server)
 
     def reference_rate(self, model: str, gpus: int, gpu_type: str | None = None) -> float:
-        """The true rate on a nominal server of `gpu_type` (its default speed; the middle type by name
-        when not given; speed 1 when unknown)."""
+        """The true rate on `gpus` GPUs of a nominal server of `gpu_type` (its default speed; the middle
+        type by name when not given; speed 1 when unknown)."""
         types = sorted(self.default_speed)
         gtype = gpu_type or (types[len(types) // 2] if types else "")
         m = self._emulated(model)
         return (
             m.batch_size
-            * m.base_gpus
+            * gpus
             * self.default_speed.get(gtype, 1.0)
             / (m.work_s() * (1.0 + self.step_overhead))
         )
@@ -167,7 +167,7 @@ class EmulatedWorld:
             raise ValueError("a configuration needs at least one (server, gpus) part")
         pace = _pace(config_parts, shares)
         m = self._emulated(model)
-        return m.batch_size * m.base_gpus / self.iteration_s(model, config_parts[0][0], pace)
+        return m.batch_size * _gpus(config_parts) / self.iteration_s(model, config_parts[0][0], pace)
 
     def calibration(self, server: Server) -> Calibration:
         speed = self.speed(server)
@@ -179,6 +179,10 @@ class EmulatedWorld:
             return self._models[name]
         except KeyError:
             raise ValueError(f"unknown model {name!r} in the emulated world") from None
+
+
+def _gpus(config_parts: Parts) -> int:
+    return sum(g for _, g in config_parts)
 
 
 def _pace(config_parts: Parts, shares: Sequence[float]) -> float:

@@ -173,6 +173,8 @@ def test_the_runtimes_progress_record_reaches_the_heartbeat_with_its_iteration_t
         "samples": 960.0,
         "samples_per_s": 64.0,
         "iteration_s": 0.5,
+        "work": 80.0,
+        "start_work": 20.0,
         "td_s": 0.01,
         "tw_s": 0.0,
         "time": 1.7e9,
@@ -181,4 +183,5 @@ def test_the_runtimes_progress_record_reaches_the_heartbeat_with_its_iteration_t
     progress = _progress({"attempt": "a-1", "progress": record})
     assert progress is not None
     assert (progress.iteration, progress.samples_per_s, progress.iteration_s) == (40, 64.0, 0.5)
+    assert progress.work == 80.0
     assert _progress({"attempt": "a-1", "progress": {**record, "iteration_s": -1.0}}) is None  # refused

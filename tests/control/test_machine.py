@@ -351,3 +351,20 @@ def test_the_baselines_profile_a_queued_job_before_they_plan_it(baseline: str) -
     assert [(r.job_id, r.gpu_type) for r in h.of(StartProfiling, out)] == [("j1", "p100")]
     assert h.of(LaunchAttempt, out) == []
     h.close()
+
+
+def test_an_attempt_on_more_gpus_than_the_smallest_count_is_measured_by_the_work_it_does(
+    harness: Harness,
+) -> None:
+    # An elastic job (1 or 2 GPUs, batch 32) given 2 GPUs: a runtime of protocol 3 reports its work in
+    # iterations at 1 GPU (each step does 2 of them) and the machine measures 32 x 2 samples per
+    # iteration time, the unit the estimator predicts in; done is that work x 32 x 1.
+    (launch,) = profiled(harness, "j1", (1, 2), samples=1e7)
+    assert launch.placement.gpus == 2
+    harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))
+    harness.now = 400.0
+    run = RunReport(launch.attempt_id, 20.0, 40.0, measuring=True, iteration_s=0.5, work_counted=True)
+    out = harness.feed(NodeReported(harness.stimulus(), launch.placement.parts[0][0], (run,), (), False))
+    assert harness.machine.state.jobs["j1"].done_samples == 20 * 32
+    samples = [r.samples_per_s for r in harness.records(out) if isinstance(r, ThroughputSample)]
+    assert samples == [pytest.approx(32 * 2 / 0.5)]

@@ -147,3 +147,11 @@ def test_a_heartbeats_progress_reaches_the_machine_with_its_iteration_time() -> 
         True,
     )
     assert _run_report("a-2", replace(progress, mode="profile")).measuring is False
+    assert report.work_counted is False  # an older runtime: each iteration counted as one
+    # a runtime of protocol 3 reports its work (iterations at the smallest GPU count): that is done
+    worked = replace(progress, work=80.0)
+    (run,) = through_json(
+        replace(beat, running=(protocol.RunningAttempt("a-1", "j-1", worked),)), parse_heartbeat
+    ).running
+    report = _run_report(run.attempt, run.progress)
+    assert (report.iteration, report.work_counted) == (80.0, True)

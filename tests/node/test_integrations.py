@@ -195,3 +195,17 @@ def test_profile_mode_measures_the_phases_and_exits_0(runs: Runs) -> None:
     assert profile["iterations"] == PROFILE_ITERS, profile
     assert profile["tf_s"] > 0 and profile["tu_s"] > 0 and profile["iteration_s"] > 0, profile
     assert profile["samples_per_s"] > 0, profile
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_attempt_on_twice_the_smallest_gpu_count_ends_in_half_the_steps(name: str, tmp_path: Path) -> None:
+    # --iters counts steps at the job's smallest GPU count; with the per-GPU batch fixed a step on
+    # twice the GPUs does two of them, and each integration stops once the runtime's work is done
+    case = CASES[name]
+    pytest.importorskip(case.library)
+    argv = [PY, str(EXAMPLES / case.script), *case.args, "--iters", str(ITERS)]
+    env = env_for(tmp_path, "a-000001", HOPS_WORLD_GPUS="2", HOPS_BASE_GPUS="1")
+    done = collect(launch(argv, env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    progress = json.loads(Path(env["HOPS_ATTEMPT_DIR"], "progress.json").read_text())
+    assert (progress["iteration"], progress["work"]) == (ITERS // 2, float(ITERS)), progress

@@ -119,3 +119,23 @@ def test_runtime_never_imports_torch(tmp_path: Path) -> None:
     code = "import sys; from hopsmgr import runtime; runtime.cuda_sync(); print('torch' in sys.modules)"
     out = run_script([PY, "-c", code], {})
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+def test_an_attempt_on_more_gpus_than_the_smallest_count_ends_the_job_in_fewer_steps(tmp_path: Path) -> None:
+    # --iters counts iterations at the job's smallest GPU count (R1 = 1 here). The per-GPU batch stays
+    # fixed, so a step on 4 GPUs does 4 of them: 12 iterations of work are 3 steps. A checkpoint keeps
+    # the work done, and the next attempt, on 2 GPUs, does what is left at 2 a step.
+    argv = [PY, str(EMULATED), "--iters", "12", "--batch-size", "8", "--step-seconds", "0"]
+    wide = env_for(tmp_path, HOPS_WORLD_GPUS="4", HOPS_BASE_GPUS="1", HOPS_GPUS="4")
+    out = run_script(argv, wide)
+    assert out.returncode == 0, out.stderr
+    progress = json.loads(Path(wide["HOPS_ATTEMPT_DIR"], "progress.json").read_text())
+    assert (progress["iteration"], progress["work"], progress["start_work"]) == (3, 12.0, 0.0)
+
+    checkpoint.save(tmp_path / "resumed", 1, {"checksum": expected_checksum(1)}, work=4.0)
+    env = env_for(tmp_path, "a2", HOPS_WORLD_GPUS="2", HOPS_BASE_GPUS="1", HOPS_GPUS="2")
+    out = run_script(argv, {**env, "HOPS_CHECKPOINT_DIR": str(tmp_path / "resumed")})
+    assert out.returncode == 0, out.stderr
+    progress = json.loads(Path(env["HOPS_ATTEMPT_DIR"], "progress.json").read_text())
+    assert (progress["iteration"], progress["work"], progress["start_work"]) == (5, 12.0, 4.0)
+    assert f"final checksum {expected_checksum(5)}" in out.stdout

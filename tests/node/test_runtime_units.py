@@ -143,3 +143,57 @@ def test_the_runtime_imports_no_framework_until_an_integration_is_used() -> None
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_work_counts_iterations_at_the_smallest_gpu_count_and_survives_a_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    rt = Runtime(Settings(checkpoint_dir=ckpt, world_gpus=3, base_gpus=2), install_signals=False)
+    assert rt.resume() == (0, None) and rt.work == 0.0
+    assert rt.work_per_step == 1.5
+    for _ in range(4):
+        rt.count(10)
+    assert (rt.iteration, rt.work, rt.done(6), rt.done(6.5)) == (4, 6.0, True, False)
+    rt.save_checkpoint({"at": 4})
+    after = Runtime(Settings(checkpoint_dir=ckpt, world_gpus=2, base_gpus=2), install_signals=False)
+    assert after.resume() == (4, {"at": 4}) and after.work == 6.0
+    after.count(10)
+    assert (after.iteration, after.work, after.progress()["start_work"]) == (5, 7.0, 6.0)
+    # thirds add up to whole iterations of work: 3 steps on 1 GPU of a job whose smallest count is 3
+    thirds = Runtime(Settings(world_gpus=1, base_gpus=3), install_signals=False)
+    for _ in range(3):
+        thirds.count()
+    assert thirds.done(1) and not thirds.done(2)
+
+
+def test_a_checkpoint_without_work_resumes_its_iteration_as_work(tmp_path: Path) -> None:
+    import pickle
+
+    checkpoint.save(tmp_path, 7, "seven")
+    data = checkpoint.data_path(tmp_path, 7)
+    payload = pickle.dumps({"iteration": 7, "state": "seven"})  # as written before work was recorded
+    data.write_bytes(payload)
+    atomic_write_json(
+        checkpoint.sidecar_path(tmp_path, 7),
+        {"iteration": 7, "size": len(payload), "sha256": checkpoint._digest(payload)},
+    )
+    assert checkpoint.load_latest_record(tmp_path) == (7, 7.0, "seven")
+    with pytest.raises(ValueError, match="work"):
+        checkpoint.save(tmp_path, 8, None, work=float("nan"))
+
+
+def test_start_at_takes_the_work_a_framework_kept_or_derives_it() -> None:
+    rt = Runtime(Settings(world_gpus=4, base_gpus=2), install_signals=False)
+    rt.start_at(10)
+    assert rt.work == 20.0
+    other = Runtime(Settings(world_gpus=4, base_gpus=2), install_signals=False)
+    other.start_at(10, work=13.5)
+    assert other.work == 13.5
+    with pytest.raises(ValueError, match="work"):
+        Runtime(Settings(), install_signals=False).start_at(1, work=-1.0)
+
+
+def test_settings_read_the_smallest_gpu_count() -> None:
+    assert Settings.from_env({"HOPS_WORLD_GPUS": "4", "HOPS_BASE_GPUS": "2"}).base_gpus == 2
+    assert Settings.from_env({"HOPS_WORLD_GPUS": "4"}).base_gpus == 4  # standalone: one step is one
+    with pytest.raises(ValueError, match="HOPS_BASE_GPUS"):
+        Settings.from_env({"HOPS_BASE_GPUS": "0"})

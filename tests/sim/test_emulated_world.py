@@ -31,10 +31,12 @@ def test_rate_is_batch_over_step_time_at_the_speed() -> None:
     assert w.sample_rate("plain", [(A100, 1)], random.Random(0)) == pytest.approx(16 / step)
 
 
-def test_gpu_count_does_not_change_the_rate_and_the_primary_sets_it() -> None:
+def test_more_gpus_do_more_work_per_iteration_and_the_primary_sets_the_pace() -> None:
+    # the per-GPU batch stays fixed: an iteration on 2 GPUs lasts as long and does twice the samples
     w = world()
-    assert w.true_rate("plain", [(A100, 2)]) == pytest.approx(w.true_rate("plain", [(A100, 1)]))
-    assert w.true_rate("plain", [(P100, 1), (A100, 1)]) == pytest.approx(16 * 0.6 / 0.1)
+    assert w.true_rate("plain", [(A100, 2)]) == pytest.approx(2 * w.true_rate("plain", [(A100, 1)]))
+    assert w.true_rate("plain", [(P100, 1), (A100, 1)]) == pytest.approx(2 * 16 * 0.6 / 0.1)
+    assert w.reference_rate("plain", 4, "a100") == pytest.approx(4 * w.reference_rate("plain", 1, "a100"))
 
 
 def test_speed_balanced_shares_pace_the_primary_as_the_example_does() -> None:
@@ -43,25 +45,28 @@ def test_speed_balanced_shares_pace_the_primary_as_the_example_does() -> None:
     # (examples/emulated_train.py: node_share x world GPUs / its GPUs), so both run at the mean pace
     shares = (1.3 / 1.9, 0.6 / 1.9)
     balanced = w.true_rate("plain", [(A100, 1), (P100, 1)], shares=shares)
-    assert balanced == pytest.approx(16 * (1.3 + 0.6) / 2 / 0.1)
+    assert balanced == pytest.approx(16 * (1.3 + 0.6) / 0.1)
     measured = w.sample_rate("plain", [(A100, 1), (P100, 1)], random.Random(0), shares=shares)
     assert measured == pytest.approx(balanced)
     # equal shares, or shares that do not match the placement's GPUs, leave the primary's own pace
-    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(0.5, 0.5)) == pytest.approx(16 * 1.3 / 0.1)
-    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(1.0,)) == pytest.approx(16 * 1.3 / 0.1)
+    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(0.5, 0.5)) == pytest.approx(
+        2 * 16 * 1.3 / 0.1
+    )
+    assert w.true_rate("plain", [(A100, 1), (P100, 1)], shares=(1.0,)) == pytest.approx(2 * 16 * 1.3 / 0.1)
     # the example scales the step's work by the share, not its misses (every 4th iteration 0.2 s more)
     pace = (1.3 / 1.9) * 2
     step = (0.1 * pace + 0.2 / 4) / 1.3
-    assert w.true_rate("misses", [(A100, 1), (P100, 1)], shares=shares) == pytest.approx(16 / step)
+    assert w.true_rate("misses", [(A100, 1), (P100, 1)], shares=shares) == pytest.approx(2 * 16 / step)
 
 
-def test_rigid_jobs_count_work_and_their_measured_rate_at_their_smallest_gpu_count() -> None:
-    # the master measures batch x R1 per iteration (the unit progress is counted in), not the
-    # runtime's own samples/s (its rank's batch)
+def test_the_measured_rate_counts_every_gpus_batch() -> None:
+    # the master measures batch x G per iteration time, not the runtime's own samples/s (its rank's
+    # batch); for a rigid 2-GPU job G is R1
     w = world()
     assert w.true_rate("rigid2", [(A100, 2)]) == pytest.approx(2 * 16 * 1.3 / 0.1)
     assert w.sample_rate("rigid2", [(A100, 2)], random.Random(0)) == pytest.approx(2 * 16 * 1.3 / 0.1)
-    assert w.reported_rate("rigid2", A100) == pytest.approx(2 * 16 * 1.3 / 0.1)
+    assert w.reported_rate("rigid2", A100, 2) == pytest.approx(2 * 16 * 1.3 / 0.1)
+    assert w.reported_rate("plain", A100, 4) == pytest.approx(4 * 16 * 1.3 / 0.1)
 
 
 def test_misses_and_overhead() -> None:

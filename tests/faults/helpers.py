@@ -231,6 +231,10 @@ class TcpProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
+            # frozen, a closed end is not passed on either: in a silent partition the other side never
+            # sees the FIN (a leader's exit would otherwise free its session's lock at once); stop()
+            # closes both
+            if not self.frozen.is_set():
+                for s in (src, dst):
+                    with contextlib.suppress(OSError):
+                        s.shutdown(socket.SHUT_RDWR)

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     model = SmallCNN().to(device)
+    # one process on one device: each step takes the samples of the attempt's GPUs together (the
+    # per-GPU batch x HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
+    batch = rt.step_batch(args.batch_size)
     lr = args.lr * rt.lr_scale
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum)
     templates = class_templates(args.seed)
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     while not rt.done(args.iters) or rt.mode == "profile":
         it = rt.iteration
         with rt.phase("data"):
-            images, labels = make_batch(templates, args.seed, it, args.batch_size)
+            images, labels = make_batch(templates, args.seed, it, batch)
             images, labels = images.to(device), labels.to(device)
             sync()
         with rt.phase("forward"):
@@ -205,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         last_loss = loss.detach()
         if args.log_every > 0 and (it + 1) % args.log_every == 0:
             print(f"iter {it + 1} loss {last_loss.item():.4f}", flush=True)
-        rt.step(samples=args.batch_size, state=snapshot)
+        rt.step(samples=batch, state=snapshot)
     rt.finish()
     print(f"final loss {float(last_loss):.6f}", flush=True)
     print(f"final digest {digest(model)}", flush=True)

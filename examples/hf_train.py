@@ -9,8 +9,9 @@ part is two lines: `HopsCallback(iters=...)` in the Trainer's callbacks and
 
 Under hopsmgr one iteration is one optimizer step at the job's smallest GPU count: submit with the
 same `--iters` (max_steps) and `--batch-size` (per-device batch x gradient accumulation). On more GPUs
-a step does more of the job's iterations (the per-device batch stays fixed) and `HopsCallback(iters=)`
-stops training once they are done. Prints `step <n> loss <x>` per step, then
+a step does more of the job's iterations: the global batch grows with the GPUs (this script trains on
+one CPU device, so it takes the larger batch itself, `rt.step_batch`), and `HopsCallback` stops
+training once they are done (`iters=`, by default max_steps). Prints `step <n> loss <x>` per step, then
 `final step <n>` and `final digest <sha256 of the parameters>`.
 """
 
@@ -77,11 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
     model = GPT2LMHeadModel(config)
+    hops = HopsCallback(iters=args.iters)  # on more GPUs than the smallest count: fewer steps
+    # on the CPU, one device: each step takes the samples of the attempt's GPUs together (per-device
+    # batch x HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
     training = TrainingArguments(
         output_dir=output_dir,
         max_steps=args.iters,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=3e-3,
+        per_device_train_batch_size=hops.runtime.step_batch(args.batch_size),
+        learning_rate=3e-3 * hops.runtime.lr_scale,
         logging_steps=1,
         save_strategy="no",  # hopsmgr asks for checkpoints when it needs one
         report_to=[],
@@ -91,7 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    hops = HopsCallback(iters=args.iters)  # on more GPUs than the smallest count: fewer steps
     trainer = Trainer(
         model=model,
         args=training,

@@ -1,7 +1,7 @@
 """A small regression MLP trained with PyTorch Lightning under hopsmgr (`hopsmgr.runtime.lightning`).
 
 A two-layer MLP (16 -> 32 -> 1) fits a fixed random linear function of synthetic inputs. The hopsmgr
-part is two lines: `HopsCallback(batch_size=...)` in the Trainer's callbacks and
+part is two lines: `HopsCallback()` in the Trainer's callbacks and
 `trainer.fit(model, data, ckpt_path=hops.ckpt_path())`.
 
 The batch of step `i` is drawn from a generator seeded by (seed, i): Lightning resumes a mid-epoch
@@ -10,10 +10,11 @@ checkpoint at the right step but starts a plain DataLoader's epoch over, so data
 
     python examples/lightning_train.py --iters 40 --batch-size 16
 
-One iteration is one optimizer step at the job's smallest GPU count (`max_steps` = `--iters`); on
-more GPUs a step does more of them (the per-device batch stays fixed) and `HopsCallback(iters=)` stops
-training once they are done. Prints `step <n> loss <x>` per step,
-then `final step <n>` and `final digest <sha256 of the parameters>`.
+One iteration is one optimizer step at the job's smallest GPU count (`max_steps` = `--iters`). On
+more GPUs a step does more of them: the global batch grows with the GPUs (this script trains on one
+CPU device, so it takes the larger batch itself, `rt.step_batch`), and `HopsCallback` stops training
+once the work of max_steps is done (`iters=` to give another count). Prints `step <n> loss <x>` per
+step, then `final step <n>` and `final digest <sha256 of the parameters>`.
 """
 
 from __future__ import annotations
@@ -83,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("HOPS_THREADS", "1")))
     lightning.seed_everything(args.seed, verbose=False)
-    model = Regressor(args.batch_size, args.seed, args.step_seconds)
-    hops = HopsCallback(batch_size=args.batch_size, iters=args.iters)  # more GPUs: fewer steps
+    hops = HopsCallback()  # stops at max_steps' work: on more GPUs than the smallest count, sooner
+    # on the CPU, one device: each step takes the samples of the attempt's GPUs together (the batch x
+    # HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
+    batch = hops.runtime.step_batch(args.batch_size)
+    hops.batch_size = batch
+    model = Regressor(batch, args.seed, args.step_seconds)
     trainer = lightning.Trainer(
         max_steps=args.iters,
         accelerator="cpu",

@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(args.seed)
     model = TinyLM(args.dropout).to(device)
+    # one process on one device: each step takes the samples of the attempt's GPUs together (the
+    # per-GPU batch x HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
+    batch = rt.step_batch(args.batch_size)
     lr = args.lr * rt.lr_scale
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=args.weight_decay)
     last_loss: torch.Tensor | float = float("nan")
@@ -207,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     while not rt.done(args.iters) or rt.mode == "profile":
         it = rt.iteration
         with rt.phase("data"):
-            inputs, targets = make_batch(args.seed, it, args.batch_size)
+            inputs, targets = make_batch(args.seed, it, batch)
             inputs, targets = inputs.to(device), targets.to(device)
             sync()
         with attention_kernels(device):
@@ -227,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         last_loss = loss.detach()
         if args.log_every > 0 and (it + 1) % args.log_every == 0:
             print(f"iter {it + 1} loss {last_loss.item():.4f}", flush=True)
-        rt.step(samples=args.batch_size, state=snapshot)
+        rt.step(samples=batch, state=snapshot)
     rt.finish()
     print(f"final loss {float(last_loss):.6f}", flush=True)
     print(f"final digest {digest(model)}", flush=True)

@@ -22,6 +22,7 @@ import time
 import torch
 from torch import nn
 
+from hopsmgr import runtime
 from hopsmgr.runtime.loop import TrainLoop
 
 FEATURES, CLASSES = 16, 4
@@ -62,11 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(args.iters, 1))
     last = {"loss": float("nan")}
+    rt = runtime.init()
+    # one process on one device: each step takes the samples of the attempt's GPUs together (the
+    # per-GPU batch x HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
+    size = rt.step_batch(args.batch_size)
     loop = TrainLoop(
         model,
         optimizer,
         scheduler=scheduler,
-        batch_size=args.batch_size,
+        batch_size=size,
+        runtime=rt,
         extra_state=lambda: dict(last),
         load_extra=last.update,
     )
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     model.train()
     for it in loop.iterations(args.iters):
         with loop.phase("data"):
-            x, y = batch(args.seed, it, args.batch_size)
+            x, y = batch(args.seed, it, size)
             if args.step_seconds > 0:
                 time.sleep(args.step_seconds)
         with loop.phase("forward"):

@@ -275,6 +275,13 @@ class Runtime:
         count changes (HOPS.md), so a step on twice the GPUs processes twice the samples."""
         return self._s.world_gpus / self._s.base_gpus
 
+    def step_batch(self, per_gpu_batch: int) -> int:
+        """The samples one step takes when a single process trains on one device for the whole
+        attempt: `per_gpu_batch` x `work_per_step`, rounded (at least 1). What the attempt's GPUs would
+        process together, so each step does the work the master counts (a data-parallel script, whose
+        ranks each take `per_gpu_batch`, does not need it)."""
+        return max(1, round(per_gpu_batch * self.work_per_step))
+
     @property
     def work(self) -> float:
         """The job's work done, in iterations at its smallest GPU count (the unit of `--iters`): the
@@ -395,14 +402,15 @@ class Runtime:
 
     def start_at(self, iteration: int, work: float | None = None) -> None:
         """Count from `iteration` (a framework resumed its own checkpoint at that step); before any step.
-        `work` is the job's work done by then (`work`'s unit); without it, `iteration` x this attempt's
-        `work_per_step`, exact for a job that ran at one GPU count."""
+        `work` is the job's work done by then (`work`'s unit); without it, the work `resume()` restored
+        (0 without one) plus this attempt's `work_per_step` for each step from its iteration to
+        `iteration`."""
         if self._iteration != self._start_iteration:
             raise RuntimeError("start_at() must be called before the first step()")
         if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < 0:
             raise ValueError(f"iteration must be an integer >= 0, got {iteration!r}")
         if work is None:
-            work = iteration * self.work_per_step
+            work = max(0.0, self._work + (iteration - self._iteration) * self.work_per_step)
         elif (
             isinstance(work, bool) or not isinstance(work, int | float) or not math.isfinite(work) or work < 0
         ):

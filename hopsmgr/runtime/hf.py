@@ -36,9 +36,9 @@ class HopsCallback(TrainerCallback):
     """A `TrainerCallback` linking a Trainer to hopsmgr (see the module's documentation)."""
 
     def __init__(self, runtime: Runtime | None = None, *, iters: float | None = None) -> None:
-        """`iters`: the job's iterations at its smallest GPU count (`--iters`): training stops once
-        the runtime's work reaches them, so an attempt on more GPUs (each step doing more of them)
-        ends sooner; without it, only the Trainer's max_steps ends training."""
+        """`iters`: the job's iterations at its smallest GPU count (`--iters`; by default the
+        Trainer's max_steps, as the job is submitted): training stops once the runtime's work reaches
+        them, so an attempt on more GPUs (each step doing more of them) ends sooner."""
         self.runtime = runtime if runtime is not None else init()
         self.iters = iters
         self._last_end: float | None = None
@@ -59,6 +59,8 @@ class HopsCallback(TrainerCallback):
     # -- Trainer events -------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         rt = self.runtime
+        if self.iters is None and int(getattr(args, "max_steps", 0) or 0) > 0:
+            self.iters = int(args.max_steps)
         if rt.iteration != state.global_step:
             rt.start_at(int(state.global_step))
         self._last_end = time.perf_counter()

@@ -51,8 +51,8 @@ class HopsCallback(lightning.pytorch.Callback):
 
     `batch_size`: samples of one optimizer step; by default counted from each batch (the length of
     its first tensor) and summed over gradient accumulation. `iters`: the job's iterations at its
-    smallest GPU count (`--iters`): training stops once the runtime's work reaches them, so an
-    attempt on more GPUs ends sooner; without it, only the Trainer's max_steps ends training.
+    smallest GPU count (`--iters`; by default the Trainer's max_steps, as the job is submitted):
+    training stops once the runtime's work reaches them, so an attempt on more GPUs ends sooner.
     """
 
     def __init__(
@@ -81,6 +81,8 @@ class HopsCallback(lightning.pytorch.Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         rt = self.runtime
         self._step = int(trainer.global_step)
+        if self.iters is None and int(getattr(trainer, "max_steps", -1) or -1) > 0:
+            self.iters = int(trainer.max_steps)
         if rt.iteration != self._step:
             rt.start_at(self._step)
         self._last_end = time.perf_counter()

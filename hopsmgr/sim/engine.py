@@ -503,9 +503,8 @@ class Simulation:
             rate = self.world.true_rate(
                 job.w.model, [(self.by_id[command.server_id], 1)], job_key(job.spec.id)
             )
-            duration += (
-                self.options.profile_iterations * job.spec.batch_size * job.spec.requirements.minimum / rate
-            )
+            # one GPU: each of its iterations takes the per-GPU batch (the world's rate counts G x batch)
+            duration += self.options.profile_iterations * job.spec.batch_size / rate
         self._at(self.now + duration, end)
 
     def _stop(self, attempt_id: str, *, checkpoint: bool) -> None:

@@ -201,6 +201,8 @@ def test_profile_mode_measures_the_phases_and_exits_0(runs: Runs) -> None:
 def test_an_attempt_on_twice_the_smallest_gpu_count_ends_in_half_the_steps(name: str, tmp_path: Path) -> None:
     # --iters counts steps at the job's smallest GPU count; with the per-GPU batch fixed a step on
     # twice the GPUs does two of them, and each integration stops once the runtime's work is done
+    # (by default at the Trainer's max_steps). The examples train on one CPU device, so each step
+    # takes twice the batch: the same samples in all as the whole run at the smallest count.
     case = CASES[name]
     pytest.importorskip(case.library)
     argv = [PY, str(EXAMPLES / case.script), *case.args, "--iters", str(ITERS)]
@@ -209,3 +211,5 @@ def test_an_attempt_on_twice_the_smallest_gpu_count_ends_in_half_the_steps(name:
     assert done.returncode == 0, done.stderr[-3000:]
     progress = json.loads(Path(env["HOPS_ATTEMPT_DIR"], "progress.json").read_text())
     assert (progress["iteration"], progress["work"]) == (ITERS // 2, float(ITERS)), progress
+    batch = int(case.args[case.args.index("--batch-size") + 1])
+    assert progress["samples"] == ITERS * batch, progress

@@ -197,3 +197,19 @@ def test_settings_read_the_smallest_gpu_count() -> None:
     assert Settings.from_env({"HOPS_WORLD_GPUS": "4"}).base_gpus == 4  # standalone: one step is one
     with pytest.raises(ValueError, match="HOPS_BASE_GPUS"):
         Settings.from_env({"HOPS_BASE_GPUS": "0"})
+
+
+def test_a_single_device_step_takes_the_batch_of_the_attempts_gpus(tmp_path: Path) -> None:
+    assert Runtime(Settings(world_gpus=4, base_gpus=2), install_signals=False).step_batch(16) == 32
+    assert Runtime(Settings(world_gpus=3, base_gpus=2), install_signals=False).step_batch(5) == 8  # 7.5
+    assert Runtime(Settings(world_gpus=1, base_gpus=4), install_signals=False).step_batch(2) == 1  # profiling
+
+
+def test_start_at_after_a_resume_keeps_the_work_the_checkpoint_recorded(tmp_path: Path) -> None:
+    # an earlier attempt on 4 GPUs (R1 = 1) saved at step 10 with 40 of work; the framework of this
+    # 1-GPU attempt resumes its own checkpoint at step 12: 40 + 2 steps of 1
+    checkpoint.save(tmp_path, 10, None, work=40.0)
+    rt = Runtime(Settings(checkpoint_dir=tmp_path, world_gpus=1, base_gpus=1), install_signals=False)
+    rt.resume()
+    rt.start_at(12)
+    assert (rt.iteration, rt.work) == (12, 42.0)

@@ -106,3 +106,22 @@ def test_simulated_executor_charges_the_measured_launch_and_profile_costs() -> N
     step = 0.1 / 1.3
     assert result.jobs[0].completed
     assert result.jobs[0].end_time == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)
+
+
+def test_a_profiling_run_takes_its_iterations_on_one_gpu_whatever_the_smallest_count() -> None:
+    # a rigid 2-GPU job: its profiling run is 10 iterations on one GPU (the runtime's own pace, as
+    # live), then its run does 100 iterations of work on 2 GPUs
+    from hopsmgr.core.model import RequirementSet
+    from hopsmgr.core.settings import SchedulerSettings
+    from hopsmgr.policies.base import HopsPolicy
+    from hopsmgr.sim.engine import SimOptions, Simulation
+    from hopsmgr.sim.workload import WorkloadJob
+
+    w = world()
+    job = WorkloadJob("j-000001", 0.0, "rigid2", RequirementSet.of([2]), 100 * 16.0 * 2, 16)
+    options = SimOptions(profile_s=2.0, profile_iterations=10, launch_s=1.5)
+    policy = HopsPolicy(SchedulerSettings(round_seconds=20.0))
+    result = Simulation(w, [A100], [job], policy, options, lambda: 0.0).run()
+    step = 0.1 / 1.3
+    assert result.jobs[0].completed
+    assert result.jobs[0].end_time == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     if start:
         print(f"resumed at iteration {start} ({len(state['pad'])} bytes of state)", flush=True)
     pad = b"x" * args.state_bytes
-    while rt.iteration < args.iters:
+    while not rt.done(args.iters):
         time.sleep(args.step_seconds)
         rt.step(samples=1, state=functools.partial(dict, pad=pad))
     rt.finish()

@@ -91,37 +91,30 @@ def test_unknown_model_and_server_are_refused() -> None:
         w.true_rate("plain", [(Server("x", "k80", 1), 1)])
 
 
-def test_simulated_executor_charges_the_measured_launch_and_profile_costs() -> None:
+def one_job_end(model: str, gpus: int) -> float:
+    """When a job of 100 iterations of work (batch 16 x `gpus`) ends, alone on the A100 server, in the
+    simulated executor with a 2-s profiling overhead plus 10 iterations, and 1.5-s launches."""
     from hopsmgr.core.model import RequirementSet
     from hopsmgr.core.settings import SchedulerSettings
     from hopsmgr.policies.base import HopsPolicy
     from hopsmgr.sim.engine import SimOptions, Simulation
     from hopsmgr.sim.workload import WorkloadJob
 
-    w = world()
-    job = WorkloadJob("j-000001", 0.0, "plain", RequirementSet.of([1]), 100 * 16.0, 16)
+    job = WorkloadJob("j-000001", 0.0, model, RequirementSet.of([gpus]), 100 * 16.0 * gpus, 16)
     options = SimOptions(profile_s=2.0, profile_iterations=10, launch_s=1.5)
     policy = HopsPolicy(SchedulerSettings(round_seconds=20.0))
-    result = Simulation(w, [A100], [job], policy, options, lambda: 0.0).run()
+    result = Simulation(world(), [A100], [job], policy, options, lambda: 0.0).run()
+    assert result.jobs[0].completed and result.jobs[0].end_time is not None
+    return result.jobs[0].end_time
+
+
+def test_simulated_executor_charges_the_measured_launch_and_profile_costs() -> None:
     step = 0.1 / 1.3
-    assert result.jobs[0].completed
-    assert result.jobs[0].end_time == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)
+    assert one_job_end("plain", 1) == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)
 
 
 def test_a_profiling_run_takes_its_iterations_on_one_gpu_whatever_the_smallest_count() -> None:
     # a rigid 2-GPU job: its profiling run is 10 iterations on one GPU (the runtime's own pace, as
     # live), then its run does 100 iterations of work on 2 GPUs
-    from hopsmgr.core.model import RequirementSet
-    from hopsmgr.core.settings import SchedulerSettings
-    from hopsmgr.policies.base import HopsPolicy
-    from hopsmgr.sim.engine import SimOptions, Simulation
-    from hopsmgr.sim.workload import WorkloadJob
-
-    w = world()
-    job = WorkloadJob("j-000001", 0.0, "rigid2", RequirementSet.of([2]), 100 * 16.0 * 2, 16)
-    options = SimOptions(profile_s=2.0, profile_iterations=10, launch_s=1.5)
-    policy = HopsPolicy(SchedulerSettings(round_seconds=20.0))
-    result = Simulation(w, [A100], [job], policy, options, lambda: 0.0).run()
     step = 0.1 / 1.3
-    assert result.jobs[0].completed
-    assert result.jobs[0].end_time == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)
+    assert one_job_end("rigid2", 2) == pytest.approx(2.0 + 10 * step + 1.5 + 100 * step)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import math
 import os
 import time
 
@@ -61,9 +62,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, CLASSES))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(args.iters, 1))
-    last = {"loss": float("nan")}
     rt = runtime.init()
+    # cosine decay over the job's work (rt.work: iterations at the smallest GPU count), so it ends with
+    # the work whatever GPU counts the attempts get (a step count would stop half way on 2 GPUs)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda _: 0.5 * (1 + math.cos(math.pi * min(1.0, rt.work / max(args.iters, 1))))
+    )
+    last = {"loss": float("nan")}
     # one process on one device: each step takes the samples of the attempt's GPUs together (the
     # per-GPU batch x HOPS_WORLD_GPUS / HOPS_BASE_GPUS), so it does the work the master counts
     size = rt.step_batch(args.batch_size)

@@ -284,6 +284,7 @@ class Submission:
     grace_s: float | None = None
     after: tuple[str, ...] = ()
     array_index: int | None = None
+    one_server: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The request body: given fields only (defaults and None left out)."""
@@ -399,6 +400,9 @@ SUBMISSION = Obj(
         ),
         "array_index": Int(
             0, MAX_ARRAY_INDEX, description="the job's index in an array (submit --array): HOPS_ARRAY_INDEX"
+        ),
+        "one_server": Bool(
+            description="every placement on one server (a script that cannot meet its peers on others)"
         ),
     },
     required=("command", "gpus"),

@@ -242,6 +242,7 @@ def submit_body(args: argparse.Namespace) -> dict[str, Any]:
             ("params", args.params),
             ("workdir", workdir),
             ("launcher", args.launcher),
+            ("one_server", True if args.one_server else None),
             ("mem_mb", args.mem),
             ("cpus", args.cpus),
             ("env", dict(args.env) if args.env else None),
@@ -614,7 +615,18 @@ def register(subparsers: Any) -> None:
         metavar="KEY=VALUE",
         help="environment variable (repeatable)",
     )
-    submit.add_argument("--launcher", choices=["plain", "torchrun"], help="default plain")
+    submit.add_argument(
+        "--launcher",
+        choices=["plain", "torchrun"],
+        help="plain (default): the command runs as given, once per server of the placement; torchrun: "
+        "one torchrun per server",
+    )
+    submit.add_argument(
+        "--one-server",
+        action="store_true",
+        help="place every attempt on one server (a script that runs as one process and cannot meet "
+        "peers on other servers; with the plain launcher a placement over two servers would run it twice)",
+    )
     submit.add_argument(
         "--mem", type=parse_mem, metavar="SIZE", help="memory limit of each attempt on a node: 512M, 8G, 1T"
     )

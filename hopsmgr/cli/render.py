@@ -182,7 +182,7 @@ def job_detail(job: Mapping[str, Any]) -> str:
         ("attempts", f"{number(count)} ({number(job.get('restarts'))} restarts)"),
         ("command", shlex.join(command) if isinstance(command, list) else DASH),
         ("workdir", str(job.get("workdir") or DASH)),
-        ("launcher", str(job.get("launcher") or DASH)),
+        ("launcher", str(job.get("launcher") or DASH) + (", one server" if job.get("one_server") else "")),
         ("env", " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()) or DASH),
     ]
     parts = [key_values(pairs)]

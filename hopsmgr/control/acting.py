@@ -189,6 +189,11 @@ def _new_attempt(m: SchedulerMachine, action: Launch, run: ProfilingRun | None) 
         job.state == JobState.CHECKPOINTING or (job.state == JobState.QUEUED and job.attempt is None)
     ):
         return None
+    elif job.spec.one_server and len(action.config.parts) > 1:
+        # every planner path asks may_span; this keeps a job submitted for one server off any
+        # placement over several (a baseline's, a fallback's) whatever the path
+        m.note(job, "not_launched", f"{action.config} spans servers and the job runs on one server")
+        return None
     attempt = Attempt(
         id=m.new_attempt_id(),
         job_id=job.id,

@@ -299,6 +299,14 @@ class SchedulerMachine:
                 f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
             )
             return Reply(self._stimulus, None, "gpus", message, 422)
+        if spec.one_server:
+            largest = max((n.server.gpus for n in state.nodes.values()), default=0)
+            if state.nodes and spec.requirements.minimum > largest:
+                message = (
+                    f"no placement can ever hold {spec.requirements.minimum} GPUs on one server: the"
+                    f" largest has {largest} GPUs"
+                )
+                return Reply(self._stimulus, None, "one_server", message, 422)
         per_type = state.type_gpus
         mixed = self.settings.scheduler.mixed_types and spec.runtime  # else a placement uses one type
         if per_type and not mixed and spec.requirements.minimum > max(per_type.values()):

@@ -397,7 +397,7 @@ def _fill(
 
 def _too_wide_for_a_type(state: RoundState, view: JobView) -> bool:
     """With `mixed_types`, a runtime job whose smallest count exceeds every GPU type's GPUs."""
-    if not (state.settings.mixed_types and view.spec.runtime):
+    if not (state.settings.mixed_types and view.spec.runtime) or view.spec.one_server:
         return False
     largest = max((sum(s.gpus for s in group) for group in state.by_type.values()), default=0)
     return view.spec.requirements.minimum > largest

@@ -53,8 +53,9 @@ def sensitivity(job: JobSpec, by_type: Mapping[GpuType, Sequence[Server]], estim
 
 
 def may_span(job: JobSpec, rho: float, sigma: float, largest_server: int) -> bool:
-    """Low-sensitivity jobs may span servers; high-sensitivity ones only if nothing else can hold them."""
-    return rho <= sigma or job.requirements.minimum > largest_server
+    """Low-sensitivity jobs may span servers; high-sensitivity ones only if nothing else can hold them;
+    a job submitted for one server never."""
+    return not job.one_server and (rho <= sigma or job.requirements.minimum > largest_server)
 
 
 def distributed_parts(
@@ -88,7 +89,7 @@ def generate(
     (`mixed_candidates`)."""
     out: list[Candidate] = []
     seen: set[Config] = set()
-    if mixed and len(by_type) > 1:
+    if mixed and len(by_type) > 1 and not job.one_server:
         out += mixed_candidates(job, by_type, free, servers, estimator, counts, seen)
     for type_servers in by_type.values():
         largest = max((s.gpus for s in type_servers), default=0)
@@ -103,7 +104,7 @@ def generate(
             # [ours] a count no server of this type can hold spans its servers even for a
             # high-sensitivity job: otherwise the type could never run it, however fast it is there
             # (the program still weighs the estimated cross-server rate against every other option)
-            if not (span or gpus > largest):
+            if job.one_server or not (span or gpus > largest):
                 continue
             for start in range(len(type_servers)):
                 parts = distributed_parts(type_servers, free, start, gpus)

@@ -172,6 +172,9 @@ class JobSpec:
     preemptible: bool = True  # False: once placed, never stopped, moved or shrunk by a plan
     time_limit_s: float | None = None  # walltime: the job fails once it ran this long
     after: tuple[JobId, ...] = ()  # jobs that must complete first (a failed or cancelled one cancels this)
+    # True: every placement on one server (a script that runs as one process, or one process group,
+    # and cannot meet its peers on other servers)
+    one_server: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:

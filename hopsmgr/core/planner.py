@@ -170,6 +170,14 @@ def unplaceable_reason(
     known = [t for t in type_gpus if t in profiled]
     if not known:
         return "no throughput estimate on any available GPU type (not profiled)"
+    if job.one_server:
+        largest_server = max((s.gpus for s in servers if s.gpu_type in profiled), default=0)
+        if job.requirements.minimum > largest_server:
+            return (
+                f"smallest requirement {job.requirements.minimum} GPUs exceeds the {largest_server} GPUs "
+                "of the largest profiled, available server, and the job runs on one server"
+            )
+        return None
     if mixed:
         together = sum(type_gpus[t] for t in known)
         if job.requirements.minimum > together:

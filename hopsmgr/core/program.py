@@ -161,6 +161,7 @@ def build_exact_program(
             mixed = (
                 state.settings.mixed_types
                 and view.spec.runtime
+                and not view.spec.one_server
                 and (
                     state.rho.get(view.id, 1.0) <= state.settings.sigma
                     or view.spec.requirements.minimum > largest_type

@@ -406,6 +406,7 @@ class Controller:
                 preemptible=sub.runtime or sub.checkpoint_signal is not None,
                 time_limit_s=sub.time_s,
                 after=after,
+                one_server=sub.one_server,
                 tenant=tenant,
                 user=who.user,
                 name=sub.name,

@@ -106,6 +106,7 @@ JOB_DETAIL = answer(
         "env": Map(TEXT, keys=Str(max_len=128), max_items=256),
         "workdir": TEXT,
         "launcher": Str(enum=("plain", "torchrun")),
+        "one_server": Bool(description="every placement on one server (submitted with one_server)"),
         "run_as": Str(max_len=32, description="the Unix account it runs as ('' : the nodes' own)"),
         "mem_mb": Nullable(Int(1)),
         "cpus": Nullable(Num()),

@@ -137,6 +137,7 @@ def spec_json(s: JobSpec) -> dict[str, Any]:
         "preemptible": s.preemptible,
         "time_limit_s": s.time_limit_s,
         "after": list(s.after),
+        "one_server": s.one_server,
     }
 
 
@@ -191,6 +192,7 @@ def load_job(row: Row) -> tuple[Job, JobPayload]:
         preemptible=s.get("preemptible", True),
         time_limit_s=s.get("time_limit_s"),
         after=tuple(s.get("after", ())),
+        one_server=bool(s.get("one_server", False)),
     )
     job = Job(
         spec=spec,

@@ -108,6 +108,7 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         env=row["env"],
         workdir=row["workdir"],
         launcher=row["launcher"],
+        one_server=bool(row["spec"].get("one_server", False)),
         run_as=row.get("run_as") or "",
         mem_mb=row.get("mem_mb"),
         cpus=row.get("cpus"),

@@ -39,7 +39,8 @@ def test_submit_body_carries_every_option() -> None:
     args = parse(
         "submit", "--gpus", "4", "--batch-size", "64", "--samples", "1e6", "--tenant", "vision",
         "--name", "bert", "--params", "110e6", "--workdir", "/srv/bert", "--env", "A=1",
-        "--env", "B=x=y", "--launcher", "torchrun", "--", "python", "train.py", "--lr", "0.1",
+        "--env", "B=x=y", "--launcher", "torchrun", "--one-server", "--", "python", "train.py", "--lr",
+        "0.1",
     )  # fmt: skip
     assert submit_body(args) == {
         "command": ["python", "train.py", "--lr", "0.1"],
@@ -52,6 +53,7 @@ def test_submit_body_carries_every_option() -> None:
         "workdir": "/srv/bert",
         "env": {"A": "1", "B": "x=y"},
         "launcher": "torchrun",
+        "one_server": True,
     }
 
 

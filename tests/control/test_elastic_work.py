@@ -1,13 +1,17 @@
-"""An elastic job on the real master with in-process agents: given more GPUs than its smallest count,
-it ends in fewer steps, and the master counts its work and measures its rate in the estimator's unit."""
+"""Elastic jobs on the real master with in-process agents: given more GPUs than its smallest count,
+a job ends in fewer steps, and the master counts its work and measures its rate in the estimator's
+unit; a job submitted for one server never gets a placement over two."""
 
 from __future__ import annotations
 
 import json
 import sys
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.helpers.inprocess import InProcessCluster
 
@@ -59,3 +63,34 @@ def test_a_job_given_twice_its_smallest_count_ends_in_half_the_steps(
     # in protocol 2's accounting it was batch x 1 per iteration, half of that
     rates = [s["samples_per_s"] for s in samples]
     assert all(BATCH * 2 / STEP_S / 1.4 < r <= BATCH * 2 / STEP_S for r in rates), rates
+
+
+def test_a_job_for_one_server_runs_on_one_and_one_no_server_can_hold_is_refused(
+    in_process_cluster: Callable[..., InProcessCluster],
+) -> None:
+    # two 1-GPU servers: a `--gpus 1,2` job may take one GPU of each; submitted for one server, it
+    # runs on one GPU of one server; `--gpus 2` for one server can never run and is refused
+    config = {
+        **CONFIG,
+        "servers": [{"id": "n1", "gpu_type": "v100", "gpus": 1}, {"id": "n2", "gpu_type": "v100", "gpus": 1}],
+    }
+    cluster = in_process_cluster(config, {"n1": 1.0, "n2": 1.0})
+    cluster.wait(
+        lambda: all(n["health"] == "HEALTHY" for n in cluster.api("GET", "/api/v1/nodes")["nodes"]),
+        30,
+        "healthy nodes",
+    )
+    command = [sys.executable, EXAMPLE, "--iters", "100", "--step-seconds", str(STEP_S)]
+    body = {"command": command, "gpus": [1, 2], "batch_size": BATCH, "iterations": 100, "tenant": "lab"}
+    job_id = cluster.api("POST", "/api/v1/jobs", {**body, "one_server": True})["id"]
+    cluster.wait(
+        lambda: cluster.api("GET", f"/api/v1/jobs/{job_id}")["state"] == "COMPLETED", 90, f"{job_id} to end"
+    )
+    detail = cluster.api("GET", f"/api/v1/jobs/{job_id}")
+    assert detail["one_server"] is True
+    assert [a["placement"] for a in detail["attempts"] if not a["profiling"]] in ([{"n1": 1}], [{"n2": 1}])
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        cluster.api("POST", "/api/v1/jobs", {**body, "gpus": [2], "one_server": True})
+    assert refused.value.code == 422
+    error = json.loads(refused.value.read())["error"]
+    assert error["field"] == "one_server" and "largest has 1" in error["message"], error

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -44,10 +44,11 @@ from tests.control.harness import PROFILE, SERVERS, Harness, PlanReady, spec
 
 
 def profiled(
-    h: Harness, job_id: str, gpus: tuple[int, ...] = (1,), samples: float = 1e6
+    h: Harness, job_id: str, gpus: tuple[int, ...] = (1,), samples: float = 1e6, *, one_server: bool = False
 ) -> list[LaunchAttempt]:
     """Submit a job, run its profiling runs to their end; the launches that followed."""
-    out = h.feed(JobSubmitted(h.stimulus(), spec(job_id, gpus, samples, at=h.now)))
+    submitted = replace(spec(job_id, gpus, samples, at=h.now), one_server=one_server)
+    out = h.feed(JobSubmitted(h.stimulus(), submitted))
     out += h.feed(RoundTick(h.stimulus(), "first"))
     for run in h.of(StartProfiling, out):
         out += h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
@@ -368,3 +369,42 @@ def test_an_attempt_on_more_gpus_than_the_smallest_count_is_measured_by_the_work
     assert harness.machine.state.jobs["j1"].done_samples == 20 * 32
     samples = [r.samples_per_s for r in harness.records(out) if isinstance(r, ThroughputSample)]
     assert samples == [pytest.approx(32 * 2 / 0.5)]
+
+
+def test_a_job_for_one_server_is_placed_on_one_and_refused_when_none_can_hold_it(harness: Harness) -> None:
+    # 8 GPUs only across the two 4-GPU v100 servers: a job that may span gets them, one for one
+    # server gets 4 on one of them; one that needs 8 on one server is refused, naming the field
+    (wide,) = profiled(harness, "j1", (4, 8), samples=1e9)
+    assert wide.placement.gpus == 8 and len(wide.placement.parts) == 2
+    h = Harness()
+    (launch,) = profiled(h, "j2", (4, 8), samples=1e9, one_server=True)
+    assert launch.placement.gpus == 4 and len(launch.placement.parts) == 1
+    (reply,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), replace(spec("j3", (8,)), one_server=True))))
+    assert (
+        reply.status == 422 and reply.error_field == "one_server" and "largest has 4" in (reply.error or "")
+    )
+    assert "j3" not in h.machine.state.jobs
+    h.close()
+
+
+def test_no_planner_path_launches_a_job_for_one_server_over_two(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a planner that ignores the flag (a baseline, a fallback) stands in: the machine does not launch
+    # its placement over two servers, and says why
+    from hopsmgr.core import configs
+
+    generate = configs.generate
+    monkeypatch.setattr(configs, "may_span", lambda *args: True)
+    monkeypatch.setattr(
+        configs, "generate", lambda job, *a, **k: generate(replace(job, one_server=False), *a, **k)
+    )
+    out = harness.feed(JobSubmitted(harness.stimulus(), replace(spec("j1", (4, 8), 1e9), one_server=True)))
+    out += harness.feed(RoundTick(harness.stimulus(), "first"))
+    for run in harness.of(StartProfiling, out):
+        out += harness.feed(AttemptStarted(harness.stimulus(), run.attempt_id))
+        out += harness.feed(AttemptEnded(harness.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+    out += harness.feed(RoundTick(harness.stimulus(), "fragment"))
+    assert harness.of(LaunchAttempt, out) == []
+    notes = [r for r in harness.records(out) if getattr(r, "kind", "") == "not_launched"]
+    assert notes and "spans servers" in notes[0].message

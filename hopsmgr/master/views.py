@@ -162,14 +162,17 @@ async def latest_log(ctl: Controller, row: dict[str, Any], tail: int) -> tuple[s
 def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
     summary = job_summary(ctl, row)
     plan = _plan(ctl)
-    info = plan.explain.get(row["id"]) if plan else None
+    live = row["id"] in ctl.machine.state.jobs
+    # an ended job is in no plan to come: the last plan's view of it (its priority, window, note) is
+    # history, not an explanation
+    info = plan.explain.get(row["id"]) if plan and live else None
     tenant = row["tenant"]
     spec = row["spec"]
     return {
         "id": row["id"],
         "state": summary["state"],
         "position": summary["position"],
-        "priority": summary["priority"],
+        "priority": summary["priority"] if live else None,
         "latency_ratio": summary["latency_ratio"],
         "in_window": None if info is None else info.in_window,
         "window": None if plan is None else len(plan.window),

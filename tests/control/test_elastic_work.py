@@ -49,6 +49,9 @@ def test_a_job_given_twice_its_smallest_count_ends_in_half_the_steps(
     )
     # each step on 2 GPUs did 2 of the job's iterations (counted at 1 GPU): half the steps
     assert (progress["iteration"], progress["work"]) == (ITERS // 2, float(ITERS)), progress
+    # ended, it is in no plan to come: explain shows no priority, window or planner note for it
+    explained = cluster.api("GET", f"/api/v1/jobs/{job_id}/explain")
+    assert (explained["priority"], explained["in_window"], explained["note"]) == (None, None, None)
     ctl = cluster.master.ctl
     assert ctl is not None
 

@@ -222,11 +222,15 @@ def job_detail(job: Mapping[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _forecast_line(forecast: Mapping[str, Any] | None, what: str) -> str:
+def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool = False) -> str:
+    """`aged`: say how long ago the forecast was made (its waits count from then, and a live job's
+    forecast is renewed only while some job waits)."""
     if not forecast or (forecast.get(f"{what}_p50") is None and forecast.get(f"{what}_p90") is None):
         return DASH
     p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
-    return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures)"
+    made = forecast.get("made")
+    age = f", made {duration(max(0.0, time.time() - float(made)))} ago" if aged and made else ""
+    return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures{age})"
 
 
 def _what_if_lines(what_if: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -298,8 +302,8 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("no runtime", value_text(doc.get("without_runtime"))),
         ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
-        ("forecast start", _forecast_line(doc.get("forecast"), "start")),
-        ("forecast end", _forecast_line(doc.get("forecast"), "finish")),
+        ("forecast start", _forecast_line(doc.get("forecast"), "start", aged=True)),
+        ("forecast end", _forecast_line(doc.get("forecast"), "finish", aged=True)),
         *_what_if_lines(doc.get("what_if")),
         ("last round", round_line),
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -265,6 +266,9 @@ def test_queue_and_explain_show_the_forecast_as_waits_from_when_it_was_made() ->
     assert "5m00s/12m00s" in row
     text = explain_text({"id": "j-000001", "forecast": fc})
     assert "forecast start:" in text and "8 sampled futures" in text
+    # explain says when (its waits count from then; a forecast is renewed only while jobs wait)
+    recent = {**fc, "made": time.time() - 125.0}
+    assert re.search(r"8 sampled futures, made 2m0[56]s ago\)", explain_text({"id": "j", "forecast": recent}))
     assert queue_table([{**job, "forecast": None}]).splitlines()[1].count("-") >= 1
 
 

@@ -120,6 +120,10 @@ class _Templates:
         )
 
 
+def _by_id(server: Server) -> str:
+    return server.id
+
+
 def _later(a: Job, b: Job) -> bool:
     return (a.submitted, a.id) > (b.submitted, b.id)
 
@@ -138,16 +142,27 @@ class Future(Simulation):
         types = {s.gpu_type for s in live.servers}
         profiled = [j for j in jobs if estimator.profiled_types(j.id)]
         templates_of = _Templates(profiled)
+        # with no live job alike, one that completed lately (an idle cluster's what-if)
+        ended_of = _Templates([Job(e.spec, JobState.COMPLETED, e.submitted, e.submitted) for e in live.ended])
+        ended_profiles = {e.spec.id: e.profiles for e in live.ended}
         self.forecastable: set[str] = set()
         for job in jobs:
             if not estimator.profiled_types(job.id):
                 template = templates_of.of(job)
-                if template is None:
+                if template is not None:
+                    for gpu_type in sorted(types & estimator.profiled_types(template.id)):
+                        found = estimator.profile_of(template.id, gpu_type)
+                        assert found is not None
+                        estimator.add_profile(job.id, gpu_type, *found)
+                elif (done := ended_of.of(job)) is not None:
+                    # an ended job keeps its profiles without the calibration they were measured on:
+                    # the first server of the type stands for it
+                    for gpu_type, profile in ended_profiles[done.id]:
+                        if gpu_type in types:
+                            server = min((s for s in live.servers if s.gpu_type == gpu_type), key=_by_id)
+                            estimator.add_profile(job.id, gpu_type, profile, server.calibration)
+                else:
                     continue  # nothing to go by: no forecast for it
-                for gpu_type in sorted(types & estimator.profiled_types(template.id)):
-                    found = estimator.profile_of(template.id, gpu_type)
-                    assert found is not None
-                    estimator.add_profile(job.id, gpu_type, *found)
             self.forecastable.add(job.id)
         templates = {j.id: j.spec for j in jobs}
         workload = [_workload(j.spec, j.spec.submit_time, j.id) for j in jobs]

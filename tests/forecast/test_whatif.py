@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from hopsmgr.control.records import EndedJob
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import JobSpec, RequirementSet
 from hopsmgr.forecast.future import Future, LiveState, capture
@@ -61,6 +62,14 @@ def test_a_what_if_job_borrows_the_profile_of_a_job_alike() -> None:
     empty = replace(live, jobs=(), attempts=(), estimator=Estimator().export_state())
     lone = with_new_job(empty, spec_like(live, "j0"))
     assert forecast_job(lone, WHAT_IF_ID, time.perf_counter, EXACT) is None
+    # an idle cluster whose jobs completed lately: the latest alike lends its kept profiles
+    estimator = Estimator.from_state(live.estimator)
+    j0 = next(j for j in live.jobs if j.id == "j0")
+    kept = EndedJob.of(j0, estimator)
+    assert kept is not None
+    idle = with_new_job(replace(empty, ended=(kept,)), spec_like(live, "j0"))
+    after = forecast_job(idle, WHAT_IF_ID, time.perf_counter, EXACT)
+    assert after is not None and after.start_p50 is not None and after.finish_p50 is not None
 
 
 def test_other_gpu_counts_change_only_that_jobs_requirements() -> None:

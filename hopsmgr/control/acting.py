@@ -190,9 +190,11 @@ def _new_attempt(m: SchedulerMachine, action: Launch, run: ProfilingRun | None) 
     ):
         return None
     elif job.spec.one_server and len(action.config.parts) > 1:
-        # every planner path asks may_span; this keeps a job submitted for one server off any
-        # placement over several (a baseline's, a fallback's) whatever the path
-        m.note(job, "not_launched", f"{action.config} spans servers and the job runs on one server")
+        # every planner path keeps a job submitted for one server on one; this keeps it so whatever
+        # path proposed otherwise (noted once per placement, not every plan)
+        if m.spans_refused.get(job.id) != action.config:
+            m.spans_refused[job.id] = action.config
+            m.note(job, "not_launched", f"{action.config} spans servers and the job runs on one server")
         return None
     attempt = Attempt(
         id=m.new_attempt_id(),

@@ -58,7 +58,7 @@ from hopsmgr.control.events import (
 from hopsmgr.control.records import Attempt, ControlState, EndedJob, Job, Node
 from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
-from hopsmgr.core.model import Calibration, JobSpec, Server, TenantQuota, spans_types
+from hopsmgr.core.model import Calibration, Config, JobSpec, Server, TenantQuota, spans_types
 from hopsmgr.core.priority import PriorityContext, expected_run_s
 from hopsmgr.core.settings import SchedulerSettings
 
@@ -119,6 +119,8 @@ class SchedulerMachine:
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self.recently_ended: deque[EndedJob] = deque(maxlen=RECENTLY_ENDED)  # profiled, completed
         self.submissions: deque[float] = deque(maxlen=20_000)  # when accepted jobs were submitted
+        # per one-server job, the placement over several servers last refused (noted once, not per plan)
+        self.spans_refused: dict[str, Config] = {}
         self._records: list[Record] = []
         self._out: list[Command] = []
         self._stimulus = ""
@@ -217,6 +219,7 @@ class SchedulerMachine:
                 self.recently_ended.append(kept)
             self.state.pop_job(job.id)
             self.estimator.forget(job.id)
+            self.spans_refused.pop(job.id, None)
             if new != JobState.COMPLETED:  # --after: what waits for it can never start
                 for other in [j for j in self.state.jobs.values() if job.id in j.spec.after]:
                     self.cancel_job(other, f"{job.id}, which it runs after, ended {new.value}")

@@ -108,9 +108,18 @@ def _when(times: Mapping[ServerId, list[float]], config: Config) -> float | None
 
 
 def _gather(
-    candidates: Sequence[Server], times: Mapping[ServerId, list[float]], gpus: int
+    candidates: Sequence[Server], times: Mapping[ServerId, list[float]], gpus: int, one_server: bool = False
 ) -> tuple[Config, float] | None:
-    """Servers that free `gpus` GPUs soonest (whole servers first, the last one in part)."""
+    """Servers that free `gpus` GPUs soonest (whole servers first, the last one in part); with
+    `one_server`, the one server that frees them soonest."""
+    if one_server:
+        found = [
+            (start, s) for s in candidates if (start := _when(times, Config.single(s.id, gpus))) is not None
+        ]
+        if not found:
+            return None
+        start, server = min(found, key=lambda f: (f[0], f[1].order, f[1].id))
+        return Config.single(server.id, gpus), start
     order = sorted(candidates, key=lambda s: (times[s.id][-1], -len(times[s.id]), s.order, s.id))
     parts: list[tuple[ServerId, int]] = []
     need = gpus
@@ -187,7 +196,7 @@ def choose(
                 pool = [
                     servers[sid] for sid in times if sid not in taken and servers[sid].gpu_type == gpu_type
                 ]
-                found = _gather(pool, times, gpus)
+                found = _gather(pool, times, gpus, view.spec.one_server)
                 if found is None:
                     continue
                 config, start = found

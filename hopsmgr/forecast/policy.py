@@ -204,11 +204,11 @@ def _place(
             if rate is not None and rate > 0:
                 rated.append((rate, gpu_type))
     for _, gpu_type in sorted(rated, key=lambda rt: (-rt[0], rt[1])):
-        config = pack(by_type[gpu_type], free, job.requirements.minimum)
+        config = pack(by_type[gpu_type], free, job.requirements.minimum, job.one_server)
         if config is not None:
             return config
     largest = max((sum(s.gpus for s in group) for group in by_type.values()), default=0)
-    if mixed and job.runtime and rated and job.requirements.minimum > largest:
+    if mixed and job.runtime and not job.one_server and rated and job.requirements.minimum > largest:
         pool = [s for _, t in sorted(rated, key=lambda rt: (-rt[0], rt[1])) for s in by_type[t]]
         return pack(pool, free, job.requirements.minimum)
     return None
@@ -244,7 +244,7 @@ def _grow(
             room = dict(free)
             for sid, g in config.parts:
                 room[sid] += g
-            bigger = pack(pool, room, count)
+            bigger = pack(pool, room, count, view.spec.one_server)
             if bigger is None:
                 break
             rate = _rate(view.spec, bigger, servers, est)

@@ -184,7 +184,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "chosen": None if info is None else info.chosen,
         "note": None if info is None else info.note or None,
         "placement": summary["placement"],
-        "unplaceable": None if plan is None else plan.unplaceable.get(row["id"]),
+        "unplaceable": None if plan is None or not live else plan.unplaceable.get(row["id"]),
         "profiled_types": []
         if not spec.get("runtime", True)
         else sorted(ctl.estimator.profiled_types(row["id"])),

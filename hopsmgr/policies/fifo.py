@@ -92,7 +92,7 @@ class FifoPolicy:
             if rate is not None and rate > 0:
                 rated.append((rate, gpu_type))
         for _, gpu_type in sorted(rated, key=lambda rt: (-rt[0], rt[1])):
-            config = pack(by_type[gpu_type], free, job.requirements.minimum)
+            config = pack(by_type[gpu_type], free, job.requirements.minimum, job.one_server)
             if config is not None:
                 return config
         return None

@@ -421,7 +421,7 @@ class GavelPolicy:
         for view in chosen:
             if view.id in assignments:
                 continue
-            config = pack(by_type[selected[view.id]], free, size[view.id])
+            config = pack(by_type[selected[view.id]], free, size[view.id], view.spec.one_server)
             if config is None:
                 dropped += 1
                 continue

@@ -56,8 +56,11 @@ def take(config: Config, free: dict[ServerId, int]) -> None:
         free[sid] = free.get(sid, 0) - g
 
 
-def pack(servers: Sequence[Server], free: Mapping[ServerId, int], gpus: int) -> Config | None:
-    """`gpus` GPUs on these servers: best fit on one server, else the fewest servers; None if they lack room.
+def pack(
+    servers: Sequence[Server], free: Mapping[ServerId, int], gpus: int, one_server: bool = False
+) -> Config | None:
+    """`gpus` GPUs on these servers: best fit on one server, else (not for a job submitted for
+    `one_server`) the fewest servers; None if they lack room.
 
     One server: the one with the least free GPUs that still holds `gpus` (earliest in order on ties).
     Several: servers by free GPUs, most first, until the count is covered; the last piece goes to the
@@ -70,6 +73,8 @@ def pack(servers: Sequence[Server], free: Mapping[ServerId, int], gpus: int) -> 
     if holders:
         best = min(holders, key=lambda s: (free[s.id], rank[s.id]))
         return Config.single(best.id, gpus)
+    if one_server:
+        return None
     pool = sorted((s for s in servers if free.get(s.id, 0) > 0), key=lambda s: (-free[s.id], rank[s.id]))
     if sum(free[s.id] for s in pool) < gpus:
         return None

@@ -267,7 +267,7 @@ def _place(
     )
     for view in movers:
         cfg = chosen[view.id]
-        config = pack(by_type[cfg.gpu_type], free, cfg.gpus)
+        config = pack(by_type[cfg.gpu_type], free, cfg.gpus, view.spec.one_server)
         if config is None:
             dropped += 1
             continue

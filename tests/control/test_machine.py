@@ -408,3 +408,15 @@ def test_no_planner_path_launches_a_job_for_one_server_over_two(
     assert harness.of(LaunchAttempt, out) == []
     notes = [r for r in harness.records(out) if getattr(r, "kind", "") == "not_launched"]
     assert notes and "spans servers" in notes[0].message
+
+
+def test_a_reservation_for_a_job_for_one_server_holds_one_server() -> None:
+    # reservations on: a wide job's reservation gathers whole servers; for one submitted for one
+    # server it holds one, and the job launches there (over two, the machine would refuse it forever)
+    from hopsmgr.core.settings import SchedulerSettings
+
+    scheduler = SchedulerSettings(reservations=True, reserve_min_gpus=4, reserve_after_lr=0.0)
+    h = Harness(settings=ControlSettings(scheduler=scheduler))
+    (launch,) = profiled(h, "j1", (4, 8), samples=1e9, one_server=True)
+    assert launch.placement.parts in ((("v100-1", 4),), (("v100-2", 4),))
+    h.close()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hopsmgr.control.records import EndedJob
-from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.model import JobSpec, RequirementSet
 from hopsmgr.forecast.future import Future, LiveState, capture
 from hopsmgr.forecast.run import forecast
@@ -128,3 +128,21 @@ def test_the_profile_borrowed_is_of_the_latest_job_of_the_same_model_then_name_t
     assert of(job("q3", 9, model="lstm", name="new", user="ana")).id == "user"  # then the user's latest
     assert of(job("q4", 9, model="lstm", name="new", user="dee")).id == "latest"  # then anyone's latest
     assert _Templates([]).of(job("q5", 9)) is None
+
+
+def test_the_forecasts_greedy_plan_keeps_a_job_for_one_server_on_one() -> None:
+    from hopsmgr.core.model import Calibration, ClusterSnapshot, JobView, Server
+    from hopsmgr.core.settings import SchedulerSettings
+    from hopsmgr.forecast.policy import ForecastPolicy
+
+    profile = TimeProfile(tf_s=0.1, tb_s=0.2, tu_s=0.0, td_hit_s=0.0, td_miss_s=0.0)
+    servers = (Server("a", "A", 4, Calibration(), order=0), Server("b", "A", 4, Calibration(), order=1))
+    estimator = Estimator()
+    estimator.add_profile("j", "A", profile, Calibration())
+    for one_server, placed in ((True, {"a": 4}), (False, {"a": 4, "b": 4})):
+        spec = JobSpec("j", RequirementSet.of((4, 8)), 1e7, 32, one_server=one_server)
+        snap = ClusterSnapshot(servers, {"a": 4, "b": 4}, (JobView(spec, waited_s=10.0),), 100.0, {})
+        plan = ForecastPolicy(SchedulerSettings(), fixed_rates=True).plan(
+            snap, estimator, "first", lambda: 0.0
+        )
+        assert plan.assignments["j"].as_dict() == placed

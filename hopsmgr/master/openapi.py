@@ -177,6 +177,12 @@ EXPLAIN = answer(
         "without_runtime": Nullable(TEXT),  # how a job without hopsmgr.runtime is scheduled
         "waits_for": Arr(JOB_ID, 64),  # --after: the dependencies still live
         "estimates": Map(Num(), keys=NODE_ID, max_items=MANY, description="samples/s at R1 per node"),
+        "estimates_by_count": Map(
+            Map(Num(), keys=Str(pattern="[1-9][0-9]{0,3}"), max_items=64),
+            keys=NODE_ID,
+            max_items=MANY,
+            description="samples/s per node at each GPU count of the job the node holds",
+        ),
         "reason": Nullable(TEXT),
         "forecast": FORECAST,
         "quota": TENANT,

@@ -191,6 +191,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "without_runtime": _without_runtime(spec),
         "waits_for": [d for d in spec.get("after", []) if d in ctl.machine.state.jobs],
         "estimates": estimates(ctl, row["id"]),
+        "estimates_by_count": estimates_by_count(ctl, row["id"]),
         "reason": summary["reason"],
         "forecast": summary["forecast"],
         "quota": tenant_view(ctl, tenant),
@@ -233,6 +234,23 @@ def estimates(ctl: Controller, job_id: str) -> dict[str, float]:
             rate = ctl.estimator.per_gpu_rate(job.spec, node.effective_server(), gpus)
             if rate is not None:
                 out[node.id] = round(rate * gpus, 4)
+    return out
+
+
+def estimates_by_count(ctl: Controller, job_id: str) -> dict[str, dict[str, float]]:
+    """The estimator's samples/s for the job on each node at each of its GPU counts the node holds
+    (live jobs only): what an elastic job's measured rate on a larger count is compared with."""
+    job = ctl.state.jobs.get(job_id)
+    if job is None:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for node in ctl.state.nodes.values():
+        server = node.effective_server()
+        for gpus in job.spec.requirements.counts:
+            if gpus <= node.server.gpus:
+                rate = ctl.estimator.per_gpu_rate(job.spec, server, gpus)
+                if rate is not None:
+                    out.setdefault(node.id, {})[str(gpus)] = round(rate * gpus, 4)
     return out
 
 

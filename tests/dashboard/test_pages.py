@@ -43,3 +43,20 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     assert "in 10m 00s <small>P90 –</small>" in page
     assert "in 2h" in page
     assert page.count("in – <small>P90 –</small>") == 2  # j2's start and finish
+
+
+def test_the_job_pages_throughput_compares_a_larger_count_with_its_own_estimate() -> None:
+    # an elastic job measured on 2 GPUs of n1: its estimate there is the one at 2 GPUs (it was empty
+    # for any count but the smallest); a count without one falls back to the smallest count's
+    job = {"gpus": [1, 2]}
+    measured = [
+        {"placement": {"n1": 2}, "samples_per_s": 180.0},
+        {"placement": {"n2": 1}, "samples_per_s": 95.0},
+    ]
+    explained = {
+        "estimates": {"n1": 100.0, "n2": 97.0},
+        "estimates_by_count": {"n1": {"1": 100.0, "2": 190.0}},
+    }
+    html = pages._throughput(job, measured, explained)
+    rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
+    assert "190.0" in rows["n1×2"] and "97.0" in rows["n2×1"], rows

@@ -32,8 +32,11 @@ def test_emulated_speed_factors_show_in_nodes_and_change_estimates(twins: LocalC
         60,
         "profiled",
     )
-    estimates = twins.api("GET", f"/api/v1/jobs/{job_id}/explain")["estimates"]
+    explained = twins.api("GET", f"/api/v1/jobs/{job_id}/explain")
+    estimates = explained["estimates"]
     # one profile of the type, two servers: the estimator scales it by each server's calibration
     assert set(estimates) == {"fast", "slow"}
     assert estimates["fast"] > 1.3 * estimates["slow"], estimates
+    # per GPU count the node holds too (this job has one count: the same figures)
+    assert explained["estimates_by_count"] == {n: {"1": rate} for n, rate in estimates.items()}
     twins.api("POST", f"/api/v1/jobs/{job_id}/cancel")

@@ -171,13 +171,17 @@ def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
         key = ", ".join(f"{k}×{v}" for k, v in sorted(row["placement"].items()))
         by_placement.setdefault(key, []).append(row["samples_per_s"])
     estimates: dict[str, float] = explained.get("estimates") or {}
+    by_count: dict[str, dict[str, float]] = explained.get("estimates_by_count") or {}
     least = min(job["gpus"])
     rows = []
     for key, values in by_placement.items():
         parts = [p.split("×") for p in key.split(", ")]
         estimate = None
-        if len(parts) == 1 and int(parts[0][1]) == least:
-            estimate = estimates.get(parts[0][0])
+        if len(parts) == 1:  # one server: the estimate at its count (an elastic job's larger ones too)
+            node, gpus = parts[0]
+            estimate = by_count.get(node, {}).get(gpus)
+            if estimate is None and int(gpus) == least:
+                estimate = estimates.get(node)
         rows.append(
             (
                 e(key),

@@ -145,15 +145,18 @@ class EmulatedWorld:
         )
 
     def profile(self, model: str, server: Server, rng: random.Random, rng_key: int = 0) -> TimeProfile:
-        """What the runtime's profile of the example gives: four equal phases of step_s / 4 / v, the
-        misses in the data phase."""
+        """What the runtime's profile of the example gives, as the master reads it
+        (hopsmgr.master.state.time_profile): four equal phases of step_s / 4 / v in sequence (pattern 2),
+        the misses in the data phase."""
         m = self._emulated(model)
         scale = (1.0 + self.step_overhead) / self.speed(server)
         quarter = m.step_s / 4 * scale
         if m.miss_every > 0 and m.miss_s > 0:
             p_hit = 1.0 - 1.0 / m.miss_every
-            return TimeProfile(quarter, quarter, quarter, quarter, quarter + m.miss_s * scale, p_hit)
-        return TimeProfile(quarter, quarter, quarter, quarter, quarter, 1.0)
+            return TimeProfile(
+                quarter, quarter, quarter, quarter, quarter + m.miss_s * scale, p_hit, pattern=2
+            )
+        return TimeProfile(quarter, quarter, quarter, quarter, quarter, 1.0, pattern=2)
 
     def sample_rate(
         self,

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from hopsmgr.core.estimator import expected_iteration_time
 from hopsmgr.core.model import Server
 from hopsmgr.sim.emulated import EmulatedModel, EmulatedWorld
 
@@ -76,6 +77,9 @@ def test_misses_and_overhead() -> None:
     profile = w.profile("misses", P100, random.Random(0))
     assert profile.td_miss_s - profile.td_hit_s == pytest.approx(0.2 / 0.6 * 1.05)
     assert profile.p_cache == pytest.approx(0.75)
+    # the example's phases run in sequence: the estimate from its profile is its iteration, not the
+    # third less a data phase hidden under the backward pass (pattern 1) would give
+    assert expected_iteration_time(profile, 0.0) == pytest.approx(w.iteration_s("misses", P100))
 
 
 def test_calibration_is_what_an_emulated_agent_reports() -> None:

@@ -360,8 +360,10 @@ SUBMISSION = Obj(
         ),
         "gpus": Arr(Int(1, 4096), 64, min_items=1, unique=True, description="the GPU counts the job can use"),
         "batch_size": Int(1, 1 << 24, description="per-GPU batch size"),
-        "iterations": Num(positive=True, high=MAX_WORK, description="iterations at the smallest GPU count"),
-        "samples": Num(positive=True, high=MAX_WORK, description="total samples of work"),
+        "iterations": Num(
+            low=1.0, high=MAX_WORK, description="iterations at the smallest GPU count (at least one)"
+        ),
+        "samples": Num(low=1.0, high=MAX_WORK, description="total samples of work (at least one)"),
         "name": Str(max_len=128),
         "tenant": ID,
         "params": Num(0.0, MAX_PARAMS, description="model parameters"),

@@ -100,6 +100,14 @@ def _positive_number(text: str) -> int | float:
     return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
+def _work_amount(text: str) -> int | float:
+    """--iters and --samples: a number of at least one (a job does at least one iteration)."""
+    value = _positive_number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
+    return value
+
+
 _MEM_UNITS = {"M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -567,9 +575,9 @@ def register(subparsers: Any) -> None:
     )
     work = submit.add_mutually_exclusive_group()
     work.add_argument(
-        "--iters", type=_positive_number, metavar="N", help="iterations at the smallest GPU count"
+        "--iters", type=_work_amount, metavar="N", help="iterations at the smallest GPU count"
     )
-    work.add_argument("--samples", type=_positive_number, metavar="N", help="total samples of work")
+    work.add_argument("--samples", type=_work_amount, metavar="N", help="total samples of work")
     submit.add_argument(
         "--no-runtime",
         action="store_true",

@@ -275,7 +275,7 @@ _REASONS = {
     400: "the request is malformed: the error names the field",
     401: "no token, or not one this operation accepts",
     403: "the token may not do this",
-    404: "no such job, node, user or token",
+    404: "no such job, node, tenant, user or token",
     405: "method not allowed",
     409: "conflict (the job has ended; another protocol version; the user exists; acting on oneself)",
     413: "body over 64 KiB",
@@ -371,7 +371,7 @@ def openapi_document() -> dict[str, Any]:
                     "listJobs",
                     "List jobs (newest first)",
                     JOB_LIST,
-                    errors=(403,),
+                    errors=(403, 404),
                     params=[
                         _query("tenant", ID.json_schema()),
                         _query("user", ID.json_schema()),

@@ -95,6 +95,14 @@ BAD_SUBMITS = {
     ),
     "neither-iters-nor-samples": (["--gpus", "4", "--batch-size", "8", "--", "x"], ["--iters", "--samples"]),
     "iters-negative": (["--gpus", "4", "--batch-size", "8", "--iters", "-5", "--", "x"], ["--iters", "'-5'"]),
+    "iters-below-one": (
+        ["--gpus", "4", "--batch-size", "8", "--iters", "1e-300", "--", "x"],
+        ["--iters", "'1e-300'"],
+    ),
+    "samples-below-one": (
+        ["--gpus", "4", "--batch-size", "8", "--samples", "0.5", "--", "x"],
+        ["--samples", "'0.5'"],
+    ),
     "batch-zero": (["--gpus", "4", "--batch-size", "0", "--iters", "5", "--", "x"], ["--batch-size", "'0'"]),
     "rnum-without-range": (
         ["--gpus", "1,2", "--rnum", "3", "--batch-size", "8", "--iters", "5", "--", "x"],

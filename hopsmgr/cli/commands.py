@@ -574,9 +574,7 @@ def register(subparsers: Any) -> None:
         "count R1, the unit of --iters)",
     )
     work = submit.add_mutually_exclusive_group()
-    work.add_argument(
-        "--iters", type=_work_amount, metavar="N", help="iterations at the smallest GPU count"
-    )
+    work.add_argument("--iters", type=_work_amount, metavar="N", help="iterations at the smallest GPU count")
     work.add_argument("--samples", type=_work_amount, metavar="N", help="total samples of work")
     submit.add_argument(
         "--no-runtime",

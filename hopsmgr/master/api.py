@@ -223,7 +223,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     if not rows and who.admin:  # an empty list must mean "no such jobs", not a misspelt name
         known = ctl.state.tenants
         if tenant is not None and tenant not in known:
-            raise RequestError(404, "tenant", f"unknown tenant {tenant!r} (known: {', '.join(sorted(known))})")
+            raise RequestError(
+                404, "tenant", f"unknown tenant {tenant!r} (known: {', '.join(sorted(known))})"
+            )
         if user is not None and ctl.store.user(user) is None:
             raise RequestError(404, "user", f"unknown user {user!r}")
     ctx = views.wait_context(ctl)

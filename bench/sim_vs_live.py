@@ -91,6 +91,7 @@ def run_live(
     ids: list[str] = []
     submitted: dict[str, float] = {}
     details: dict[str, dict[str, Any]] = {}
+    forecasts: dict[str, dict[str, Any]] = {}  # every distinct forecast seen, with the job's state then
     try:
         cluster.start()
         start = time.monotonic()
@@ -102,6 +103,10 @@ def run_live(
                 row = cluster.request("POST", "/api/v1/jobs", job.body(sys.executable))
                 ids.append(row["id"])
             details = {j: cluster.get(f"/api/v1/jobs/{j}") for j in ids}
+            for job_id, d in details.items():
+                if d.get("forecast"):
+                    key = f"{job_id} {d['state']} {d['forecast']['made']}"
+                    forecasts.setdefault(key, {"id": job_id, "state": d["state"], **d["forecast"]})
             if not pending and all(d["state"] in TERMINAL for d in details.values()):
                 break
             time.sleep(1.0)
@@ -119,6 +124,7 @@ def run_live(
         "attempts": attempts,
         "throughput": throughput,
         "timed_out": timed_out,
+        "forecasts": list(forecasts.values()),
     }
 
 
@@ -151,6 +157,37 @@ def live_figures(live: dict[str, Any]) -> dict[str, Any]:
         "makespan_s": max(ends) - first if ends else None,
         "preemptions": preempt,
         "migrations": moves,
+    }
+
+
+def forecast_figures(live: dict[str, Any], round_s: float) -> dict[str, Any]:
+    """How the live master's forecasts (hopsmgr/forecast) came out: for each distinct forecast of a
+    running job, its finish P50 against the job's end; of a waiting job, its start P50 against the
+    job's next start; errors relative to what was left to wait from when the forecast was made, over
+    the forecasts with at least one round (`round_s`) left to wait, as bench/forecast.py counts them
+    (a job a second from its end, forecast to end now, would count as an error of 100%)."""
+    finish_err, start_err, inside = [], [], 0
+    for f in live.get("forecasts", []):
+        history = live["details"][f["id"]]["history"]
+        made = f["made"]
+        if f["state"] == "RUNNING" and f["finish_p50"] is not None:
+            ends = [e["time"] for e in history if e["kind"] == "completed"]
+            if ends and ends[0] - made >= round_s:
+                finish_err.append(abs(f["finish_p50"] - ends[0]) / (ends[0] - made))
+        elif f["state"] in ("QUEUED", "PENDING") and f["start_p50"] is not None:
+            starts = [e["time"] for e in history if e["kind"] == "started" and e["time"] >= made]
+            if starts and starts[0] - made >= round_s:
+                start_err.append(abs(f["start_p50"] - starts[0]) / (starts[0] - made))
+                p90 = f["start_p90"]
+                inside += (
+                    (f["start_p10"] or made) - 1 <= starts[0] <= (p90 if p90 is not None else math.inf) + 1
+                )
+    return {
+        "live_finish_forecasts": len(finish_err),
+        "live_finish_p50_abs_error_rel_median": statistics.median(finish_err) if finish_err else None,
+        "live_start_forecasts": len(start_err),
+        "live_start_p50_abs_error_rel_median": statistics.median(start_err) if start_err else None,
+        "live_start_in_p10_p90": inside / len(start_err) if start_err else None,
     }
 
 
@@ -342,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         "sim_checkpoint_s": args.checkpoint_s,
         "sim_step_overhead": args.step_overhead,
         **calib,
+        **forecast_figures(live, config.scheduler.round_seconds),
         "live_wall_s": live_wall,
         "sim_wall_s": sim_wall,
     }

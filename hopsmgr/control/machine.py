@@ -474,6 +474,7 @@ class SchedulerMachine:
         if attempt.started is None:
             self._started(AttemptStarted(self._stimulus, attempt.id))
         job.done_samples = min(job.spec.total_samples, max(job.done_samples, event.done_samples))
+        attempt.progressed_at = self._now
         if event.samples_per_s > 0 and self._now - attempt.last_observed >= self.settings.observe_every_s:
             attempt.last_observed = self._now
             servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}

@@ -106,7 +106,8 @@ class Attempt:
     stop_reason: str = ""
     stop_sent: bool = False  # this machine sent the stop (False for a stop restored from the store)
     unseen_beats: int = 0  # heartbeats of its primary node that did not list it
-    last_observed: float = -math.inf
+    last_observed: float = -math.inf  # its last throughput observation (at most every observe_every_s)
+    progressed_at: float = -math.inf  # its last progress report: the job's done_samples are as of then
     charged_until: float = -math.inf  # its tenant was charged for its GPUs up to here (fair share)
     _owner: ControlState | None = field(default=None, init=False, repr=False, compare=False)
 

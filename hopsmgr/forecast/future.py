@@ -245,7 +245,9 @@ class Future(Simulation):
         started = attempt.started is not None
         ready = now if started else now + job.spec.restart_s
         if started and not attempt.stopping:  # progress since its last report, at the estimated rate
-            since = attempt.last_observed if math.isfinite(attempt.last_observed) else attempt.started
+            # (from its last progress report, not its last throughput observation: those come at most
+            # every observe_every_s, and the progress between them is in done_samples already)
+            since = attempt.progressed_at if math.isfinite(attempt.progressed_at) else attempt.started
             assert since is not None
             job.done_samples = min(job.spec.total_samples, job.done_samples + rate * max(0.0, now - since))
             truth.done = job.done_samples

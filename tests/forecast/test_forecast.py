@@ -109,6 +109,24 @@ def test_the_forecast_is_close_to_what_then_happens() -> None:
     assert abs(forecast_wait - wait) / wait < 0.05, (wait, forecast_wait)
 
 
+def test_a_running_job_goes_on_from_its_last_progress_report_not_its_last_observation() -> None:
+    # the master observes a running attempt's throughput at most every observe_every_s, but counts its
+    # progress at every report: the progress since the last observation is in done_samples already
+    sim = started(1000.0, keep_bonus=float("inf"))
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    (attempt,) = [a for a in live.attempts if a.job_id == "j0"]
+    job = next(j for j in live.jobs if j.id == "j0")
+    assert attempt.started is not None and job.done_samples > 0
+    attempt.last_observed = attempt.started  # observed long ago; progress reported just now
+    attempt.progressed_at = live.now
+    servers = {s.id: s for s in live.servers}
+    rate = Estimator.from_state(live.estimator).config_rate(job.spec, attempt.placement, servers)
+    assert rate is not None
+    finish = forecast(live, NO_PREEMPTION, time.perf_counter)["j0"].finish_p50
+    expected = live.now + (job.spec.total_samples - job.done_samples) / rate
+    assert finish == pytest.approx(expected, rel=1e-6)
+
+
 def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)

@@ -27,7 +27,6 @@ from tests.helpers.wire import through_json
 
 ids = st.from_regex(r"[A-Za-z0-9_.-]{1,20}", fullmatch=True)
 text = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=30)
-positive = st.floats(min_value=1e-6, max_value=1e12, allow_nan=False)
 
 
 @settings(max_examples=40, deadline=None)
@@ -35,7 +34,7 @@ positive = st.floats(min_value=1e-6, max_value=1e12, allow_nan=False)
     command=st.lists(text, min_size=1, max_size=4).filter(lambda c: c[0] != ""),
     gpus=st.lists(st.integers(1, 64), min_size=1, max_size=4, unique=True),
     batch=st.integers(1, 1024),
-    work=positive,
+    work=st.floats(min_value=1.0, max_value=1e12, allow_nan=False),
     by_samples=st.booleans(),
     tenant=st.none() | ids,
     env=st.dictionaries(

@@ -128,6 +128,9 @@ def forecast_span(
     return "/".join(DASH if v is None else duration(max(0.0, float(v) - made)) for v in values)
 
 
+WAITING = frozenset({"PENDING", "PROFILING", "QUEUED"})
+
+
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """The queue: jobs with a queue position first (1 = next), then the others oldest first."""
     headers = (
@@ -146,7 +149,8 @@ def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
             placement(job.get("placement")),
             number(job.get("latency_ratio"), 2),
             duration(job.get("est_wait_s")),
-            forecast_span(job.get("forecast"), "start"),
+            # a job that no longer waits keeps the forecast made while it waited until the next one
+            forecast_span(job.get("forecast"), "start") if job.get("state") in WAITING else DASH,
             percent(job.get("progress")),
         )
         for job in sorted(jobs, key=_queue_key)

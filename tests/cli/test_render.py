@@ -49,6 +49,15 @@ def test_queue_table_puts_queued_jobs_first_by_position() -> None:
     ]
 
 
+def test_queue_table_shows_start_forecasts_of_waiting_jobs_only() -> None:
+    # a job that started keeps the forecast made while it waited until the next forecast: its start
+    # quantiles are history, not a forecast
+    forecast = {"start_p50": 1000.0 + 60, "start_p90": 1000.0 + 300, "made": 1000.0}
+    queued, running = QUEUED | {"forecast": forecast}, RUNNING | {"forecast": forecast}
+    lines = render.queue_table([queued, running]).splitlines()
+    assert "1m00s/5m00s" in lines[1] and "1m00s" not in lines[2]
+
+
 def test_queue_table_empty_has_headers_only() -> None:
     assert render.queue_table([]).startswith("POS  ID  NAME")
 

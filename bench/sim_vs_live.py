@@ -18,6 +18,9 @@ Preemptions and moves are counted the same way on both sides: checkpoint-and-sto
 (live: job events into CHECKPOINTING, kind "migrated" for moves; sim: SimResult.preemptions/migrations).
 JCT = end - submit of completed jobs; makespan = last end - first submit.
 
+The live run also keeps every distinct forecast the master showed (hopsmgr/forecast, in the job
+details the bench polls) and reports how they came out (`forecast_figures`).
+
     python bench/sim_vs_live.py --json out.json
 """
 

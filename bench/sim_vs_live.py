@@ -170,14 +170,21 @@ def forecast_figures(live: dict[str, Any], round_s: float) -> dict[str, Any]:
     the forecasts with at least one round (`round_s`) left to wait, as bench/forecast.py counts them
     (a job a second from its end, forecast to end now, would count as an error of 100%)."""
     finish_err, start_err, inside = [], [], 0
+    seen = set()
     for f in live.get("forecasts", []):
         history = live["details"][f["id"]]["history"]
         made = f["made"]
-        if f["state"] == "RUNNING" and f["finish_p50"] is not None:
+        if (f["id"], made) in seen:
+            continue
+        seen.add((f["id"], made))
+        # the job's state when the forecast was made (the master shows it until the next forecast,
+        # so a poll may see a forecast made while the job waited beside the job running)
+        state = next((e["state"] for e in reversed(history) if e["time"] <= made), "PENDING")
+        if state == "RUNNING" and f["finish_p50"] is not None:
             ends = [e["time"] for e in history if e["kind"] == "completed"]
             if ends and ends[0] - made >= round_s:
                 finish_err.append(abs(f["finish_p50"] - ends[0]) / (ends[0] - made))
-        elif f["state"] in ("QUEUED", "PENDING") and f["start_p50"] is not None:
+        elif state in ("QUEUED", "PENDING", "PROFILING") and f["start_p50"] is not None:
             starts = [e["time"] for e in history if e["kind"] == "started" and e["time"] >= made]
             if starts and starts[0] - made >= round_s:
                 start_err.append(abs(f["start_p50"] - starts[0]) / (starts[0] - made))

@@ -101,7 +101,7 @@ def _positive_number(text: str) -> int | float:
 
 
 def _work_amount(text: str) -> int | float:
-    """--iters and --samples: a number of at least one (a job does at least one iteration)."""
+    """--iters and --samples: a number of at least 1 (a job of no work is a mistake, not a job)."""
     value = _positive_number(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")

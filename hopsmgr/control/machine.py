@@ -473,8 +473,9 @@ class SchedulerMachine:
             return
         if attempt.started is None:
             self._started(AttemptStarted(self._stimulus, attempt.id))
+        if event.done_samples > job.done_samples:  # the report's progress is as of about now
+            attempt.progressed_at = self._now
         job.done_samples = min(job.spec.total_samples, max(job.done_samples, event.done_samples))
-        attempt.progressed_at = self._now
         if event.samples_per_s > 0 and self._now - attempt.last_observed >= self.settings.observe_every_s:
             attempt.last_observed = self._now
             servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}

@@ -238,17 +238,20 @@ class Controller:
                 if row["job_id"] not in live:  # a terminal job with an attempt left open: close it now
                     self.store.update_attempt(row["id"], ended=row["created"], end_reason="orphaned")
                     continue
-                attempts.append(load_attempt(row))
+                attempts.append(load_attempt(row, self.clock()))
                 self.stored_attempts.add(row["id"])
-        for row in self.store.profiles(sorted(live)):  # profiles newer than the saved estimator
-            if not self.estimator.has_profile(row["job_id"], row["gpu_type"]):
-                try:
-                    profile = time_profile(row["profile"])
+        # profiles newer than the saved estimator, and those an older master read otherwise (before
+        # 2026-12-04 a runtime profile was read as pattern 1, its phases overlapping)
+        for row in self.store.profiles(sorted(live)):
+            known = self.estimator.profile_of(row["job_id"], row["gpu_type"])
+            try:
+                profile = time_profile(row["profile"])
+                if known is None or known[0] != profile:
                     self.estimator.add_profile(
                         row["job_id"], row["gpu_type"], profile, Calibration(**row["calibration"])
                     )
-                except (ModelError, TypeError) as exc:
-                    log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
+            except (ModelError, TypeError) as exc:
+                log.warning("profile_unusable", job_id=row["job_id"], error=str(exc))
         seq = self.attempt_meta = self.attempt_high = int(self.store.meta("attempt", "0"))
         usage = tuple(
             (str(t), float(used), float(at))

@@ -20,7 +20,7 @@ from hopsmgr.control.records import Node as ControlNode
 from hopsmgr.control.records import NodeHealth as NodeHealth
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import Calibration, Config, JobSpec, RequirementSet, Server
+from hopsmgr.core.model import Calibration, Config, JobSpec, ModelError, RequirementSet, Server
 from hopsmgr.master.store import Row
 
 STORE_COUNTERS = (
@@ -225,7 +225,10 @@ def attempt_seq(attempt_id: str) -> int:
     return int(attempt_id.rsplit("-", 1)[-1])
 
 
-def load_attempt(row: Row) -> Attempt:
+def load_attempt(row: Row, now: float) -> Attempt:
+    """An open attempt from its row. A started one's progress is taken as reported `now`: the job's
+    done_samples were stored with it (about every second), and a forecast made before its node's
+    first heartbeat must not add the attempt's whole run time to them again."""
     return Attempt(
         id=row["id"],
         job_id=row["job_id"],
@@ -238,6 +241,7 @@ def load_attempt(row: Row) -> Attempt:
         started=row["started"],
         stopping=bool(row["stopping"]),
         stop_reason="preempted" if row["stopping"] else "",
+        progressed_at=now if row["started"] is not None else -math.inf,
     )
 
 
@@ -293,6 +297,9 @@ def calibration_json(cal: Calibration) -> dict[str, float]:
     }
 
 
+MIN_STEP_S = 1e-6  # a profiled step's compute below this is no measurement (its rate would overflow)
+
+
 def time_profile(raw: dict[str, float]) -> TimeProfile:
     """A profiling run's profile.json (hopsmgr.runtime) as the estimator's TimeProfile.
 
@@ -303,14 +310,25 @@ def time_profile(raw: dict[str, float]) -> TimeProfile:
     example does) would be estimated a third faster than it runs. The time a step spends outside every
     phase (bookkeeping, logging; all of it in a script that times no phase) counts as compute: it is
     not loading, and without it the estimate would leave it out."""
-    td_hit = raw.get("td_hit_s", raw.get("td_s", 0.0))
-    td_miss = raw.get("td_miss_s", td_hit)
-    p_cache = min(max(raw.get("p_cache", 1.0), 0.0), 1.0)
-    tw = raw.get("tw_s", 0.0)
-    tf, tb, tu = raw.get("tf_s", 0.0), raw.get("tb_s", 0.0), raw.get("tu_s", 0.0)
-    phased = tf + tb + tu + raw.get("tc_s", 0.0) + tw + p_cache * td_hit + (1.0 - p_cache) * td_miss
-    iteration = raw.get("iteration_s", 0.0)
-    outside = iteration - phased if math.isfinite(iteration) and math.isfinite(phased) else 0.0
+
+    def seconds(name: str, default: float = 0.0) -> float:
+        value = raw.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < math.inf:
+            raise ModelError(f"profile: {name} must be a finite number of seconds >= 0, got {value!r}")
+        return float(value)
+
+    td_hit = seconds("td_hit_s", seconds("td_s"))
+    td_miss = seconds("td_miss_s", td_hit)
+    p_cache = raw.get("p_cache", 1.0)
+    if isinstance(p_cache, bool) or not isinstance(p_cache, int | float) or math.isnan(p_cache):
+        raise ModelError(f"profile: p_cache must be a number, got {p_cache!r}")
+    p_cache = min(max(float(p_cache), 0.0), 1.0)
+    tw = seconds("tw_s")
+    tf, tb, tu = seconds("tf_s"), seconds("tb_s"), seconds("tu_s")
+    phased = tf + tb + tu + seconds("tc_s") + tw + p_cache * td_hit + (1.0 - p_cache) * td_miss
+    outside = seconds("iteration_s") - phased
+    if tf + tb + tu + max(0.0, outside) < MIN_STEP_S:
+        raise ModelError(f"profile: a step of under {MIN_STEP_S:g} s of compute is no measurement")
     return TimeProfile(
         tf_s=tf + max(0.0, outside),
         tb_s=tb,

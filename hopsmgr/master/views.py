@@ -94,10 +94,21 @@ def job_summary(
     }
 
 
+_WAITING = frozenset({JobState.PENDING, JobState.PROFILING, JobState.QUEUED})
+
+
 def forecast_of(ctl: Controller, job_id: str) -> dict[str, Any] | None:
-    """The latest forecast of a live job (hopsmgr.master.forecasts), None before the first."""
+    """The latest forecast of a live job (hopsmgr.master.forecasts), None before the first. A job
+    that no longer waits keeps its forecast until the next one: its start quantiles, made while it
+    waited, are then history and shown as null."""
     found = ctl.forecasts.get(job_id)
-    return None if found is None else found.as_dict()
+    if found is None:
+        return None
+    out = found.as_dict()
+    job = ctl.state.jobs.get(job_id)
+    if job is not None and job.state not in _WAITING:
+        out.update(start_p10=None, start_p50=None, start_p90=None)
+    return out
 
 
 def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:

@@ -206,6 +206,16 @@ def test_progress_feeds_the_estimator_and_the_job(harness: Harness) -> None:
     servers = {s.id: s for s in SERVERS}
     rate = harness.machine.estimator.config_rate(spec("j1"), launch.placement, servers)
     assert rate is not None and 30.0 < rate <= 60.0  # pulled towards the measured 50 samples/s
+    # the attempt's progress is as of this report (a forecast goes on from here), until it grows again:
+    # a report that repeats it (a step longer than a heartbeat) leaves the time where the progress was
+    attempt = harness.machine.state.attempts[launch.attempt_id]
+    assert attempt.progressed_at == 100.0
+    harness.now = 105.0
+    harness.feed(AttemptProgressed(harness.stimulus(), launch.attempt_id, 5000.0, 50.0))
+    assert attempt.progressed_at == 100.0
+    harness.now = 110.0
+    harness.feed(AttemptProgressed(harness.stimulus(), launch.attempt_id, 5500.0, 50.0))
+    assert attempt.progressed_at == 110.0
 
 
 @pytest.mark.parametrize(("iteration_s", "measured"), [(0.5, 32 * 2 / 0.5), (0.0, 40.0), (1e-320, None)])

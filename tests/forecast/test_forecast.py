@@ -27,6 +27,7 @@ from hopsmgr.core.plan import Plan, SolverStats
 from hopsmgr.forecast.future import Future, FutureOptions, LiveState, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
+from hopsmgr.master.state import load_attempt
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.sim.engine import SimOptions, Simulation
 from hopsmgr.sim.truth import paper_world
@@ -125,6 +126,27 @@ def test_a_running_job_goes_on_from_its_last_progress_report_not_its_last_observ
     finish = forecast(live, NO_PREEMPTION, time.perf_counter)["j0"].finish_p50
     expected = live.now + (job.spec.total_samples - job.done_samples) / rate
     assert finish == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_attempt_restored_from_the_store_goes_on_from_the_restore() -> None:
+    # after a master restart the job's done_samples come from the store; a forecast made before the
+    # node's first heartbeat must not add the attempt's whole run time to them again
+    sim = started(1000.0, keep_bonus=float("inf"))
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    (attempt,) = [a for a in live.attempts if a.job_id == "j0"]
+    job = next(j for j in live.jobs if j.id == "j0")
+    row = {
+        "id": attempt.id, "job_id": "j0", "placement": attempt.placement.as_dict(), "profiling": 0,
+        "created": attempt.created, "devices": {}, "resume": 0, "started": attempt.started, "stopping": 0,
+    }  # fmt: skip
+    restored = load_attempt(row, live.now)
+    assert restored.progressed_at == live.now and restored.last_observed == -math.inf
+    live = replace(live, attempts=tuple(restored if a is attempt else a for a in live.attempts))
+    servers = {s.id: s for s in live.servers}
+    rate = Estimator.from_state(live.estimator).config_rate(job.spec, attempt.placement, servers)
+    assert rate is not None
+    finish = forecast(live, NO_PREEMPTION, time.perf_counter)["j0"].finish_p50
+    assert finish == pytest.approx(live.now + (job.spec.total_samples - job.done_samples) / rate, rel=1e-6)
 
 
 def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:

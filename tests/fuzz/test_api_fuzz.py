@@ -501,7 +501,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "command": [[], [""], "python", [PY, "a\x00b"], [1], [None], [PY] * 1025, [PY, Raw('"\\ud800"')]],
     "gpus": [[], [0], [-1], [1, 1], [4097], [1.0], [True], [64], [5], "1", [1] * 65],
     "batch_size": [0, -1, (1 << 24) + 1, 1.5, "8", None, True, 10**30],
-    "iterations": [0, -1, 0.5, 1e-300, 1e16, Raw("NaN"), Raw("1e999"), "10", None, True, 1e308],
+    "iterations": [0, -1, 0.5, 1e-300, 1e16, Raw("NaN"), Raw("Infinity"), Raw("1e999"), "10", None, True],
     "samples": [0, -1, 1e16, Raw("-Infinity"), "10", None, False],
     "name": ["x" * 129, 5, None, ["a"], Raw('"\\ud800"'), Raw('"a\\udfffb"')],
     "tenant": ["a/b", "", "unknown-tenant", "x" * 65, 1, None],

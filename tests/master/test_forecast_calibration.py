@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections import deque
 from types import SimpleNamespace
 
+from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.calibrate import TAIL
 from hopsmgr.forecast.future import JobForecast
 from hopsmgr.master.forecasts import WINDOW_S, Forecaster
+from hopsmgr.master.views import forecast_of
 
 
 def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() -> None:
@@ -63,3 +65,14 @@ def test_the_arrival_process_is_the_machines_submissions_of_the_window() -> None
         assert fc.recent_arrivals(10.0 + WINDOW_S) == [10.0, 7_000.0, 9_000.0]
     finally:
         fc.close()
+
+
+def test_a_job_that_no_longer_waits_shows_no_start_forecast() -> None:
+    # the forecast made while it waited stays until the next one; its start quantiles are history then
+    made = JobForecast(1100.0, 1200.0, 1300.0, 2000.0, 2100.0, 2200.0, futures=3, made=1000.0)
+    jobs = {"waits": SimpleNamespace(state=JobState.QUEUED), "runs": SimpleNamespace(state=JobState.RUNNING)}
+    ctl = SimpleNamespace(state=SimpleNamespace(jobs=jobs), forecasts={"waits": made, "runs": made})
+    waits, runs = forecast_of(ctl, "waits"), forecast_of(ctl, "runs")  # type: ignore[arg-type]
+    assert waits is not None and (waits["start_p50"], waits["finish_p50"]) == (1200.0, 2100.0)
+    assert runs is not None and runs["start_p10"] is runs["start_p50"] is runs["start_p90"] is None
+    assert runs["finish_p50"] == 2100.0 and forecast_of(ctl, "none") is None  # type: ignore[arg-type]

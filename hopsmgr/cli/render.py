@@ -124,11 +124,21 @@ def forecast_span(
     if not forecast:
         return DASH
     made = float(forecast.get("made") or 0.0)
-    values = [forecast.get(f"{what}_{q}") for q in quantiles]
-    return "/".join(DASH if v is None else duration(max(0.0, float(v) - made)) for v in values)
+    known = forecast.get(f"{what}_p50") is not None
+    # a P90 left open beside a P50 (past the horizon, or one the calibration cannot bound) is "open"
+    values = [(forecast.get(f"{what}_{q}"), q) for q in quantiles]
+    return "/".join(
+        ("open" if q == "p90" and known else DASH) if v is None else duration(max(0.0, float(v) - made))
+        for v, q in values
+    )
 
 
 WAITING = frozenset({"PENDING", "PROFILING", "QUEUED"})
+
+
+def _start_forecast(job: Mapping[str, Any]) -> bool:
+    forecast = job.get("forecast") or {}
+    return job.get("state") in WAITING and forecast.get("start_p50") is not None
 
 
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
@@ -148,7 +158,9 @@ def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
             gpus(job.get("gpus")),
             placement(job.get("placement")),
             number(job.get("latency_ratio"), 2),
-            duration(job.get("est_wait_s")),
+            # the rough estimate from the recent average latency ratio, for a job the forecasts have
+            # not reached yet (beside a forecast it only contradicted it)
+            duration(None if _start_forecast(job) else job.get("est_wait_s")),
             # a job that no longer waits keeps the forecast made while it waited until the next one
             forecast_span(job.get("forecast"), "start") if job.get("state") in WAITING else DASH,
             percent(job.get("progress")),

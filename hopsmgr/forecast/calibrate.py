@@ -128,10 +128,18 @@ class Residuals:
         p10, p50, p90 = forecast.start_p10, forecast.start_p50, forecast.start_p90
         if found is None and p50 is not None and forecast.futures < 2:
             return replace(forecast, start_p10=forecast.made, start_p90=None)
-        if found is None or p50 is None:
+        if p50 is None:
             return forecast
-        lo, hi = found
         made = forecast.made
+        # [ours] no interval narrower than a round either side of P50: the futures start a job at
+        # their rounds, the live planner at its own, after profiling runs the futures do not model; on
+        # a small cluster every future agrees, and a point interval was missed by nearly every start
+        # before the residuals were in (and its misses then opened the upper tail for many starts)
+        p10 = max(made, p50 - self.round_s) if p10 is None else min(p10, max(made, p50 - self.round_s))
+        p90 = None if p90 is None else max(p90, p50 + self.round_s)
+        if found is None:
+            return replace(forecast, start_p10=p10, start_p90=p90)
+        lo, hi = found
         scale = max(p50 - made, self.round_s)
         low = max(made, p50 + lo * scale)
         high = max(made, p50 + hi * scale)

@@ -1,7 +1,7 @@
 """The master's forecasts: the live state copied on the event loop, the queue forecast off it.
 
-Every `interval_s` (the round length, at least 5 s, and at least DUTY_FACTOR times the last
-forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
+Every `interval_s` (the round length but at most REFRESH_S, at least 5 s, and at least DUTY_FACTOR
+times the last forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
 copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to the forecast worker
 that runs hopsmgr.forecast.run.forecast within `budget_s` (and, for a large queue whose futures take
 seconds each, within `limit_s` but for its first future); the answer replaces `ctl.forecasts` (job id
@@ -44,6 +44,7 @@ log = structlog.get_logger("hopsmgr.master")
 WINDOW_S = 6 * 3600.0
 WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
 DUTY_FACTOR = 4.0
+REFRESH_S = 30.0
 FORECAST_TIMEOUT_S = 300.0  # a forecast worker silent this long is replaced (forecasts go stale meanwhile)
 WHAT_IF_TIMEOUT_S = 60.0
 PRELOAD_JOBS = 500  # jobs sent ahead of a forecast per call, when the worker lacks more than this
@@ -121,7 +122,9 @@ class Forecaster:
     def __init__(self, ctl: Controller, settings: ForecastSettings | None = None) -> None:
         self.ctl = ctl
         self.settings = settings or ForecastSettings()
-        self.interval_s = max(5.0, ctl.config.scheduler.round_seconds)
+        # every round, but at least every REFRESH_S: a forecast shown for a whole 120-s round was often
+        # past (its P50 behind, the job still waiting) before the next one came
+        self.interval_s = max(5.0, min(REFRESH_S, ctl.config.scheduler.round_seconds))
         self.last_s = 0.0
         self.observed_since = ctl.clock()  # submissions are noted from here on (the window is cut here)
         self.made_ms: deque[float] = deque(maxlen=1000)

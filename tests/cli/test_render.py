@@ -56,6 +56,15 @@ def test_queue_table_shows_start_forecasts_of_waiting_jobs_only() -> None:
     queued, running = QUEUED | {"forecast": forecast}, RUNNING | {"forecast": forecast}
     lines = render.queue_table([queued, running]).splitlines()
     assert "1m00s/5m00s" in lines[1] and "1m00s" not in lines[2]
+    # beside a start forecast, the rough EST.WAIT (3m20s here) is not shown: it only contradicted it
+    assert "3m20s" not in lines[1] and "3m20s" in render.queue_table([QUEUED]).splitlines()[1]
+
+
+def test_an_open_p90_beside_a_p50_is_shown_open_and_no_p50_as_a_dash() -> None:
+    opened = {"start_p10": 1000.0, "start_p50": 1060.0, "start_p90": None, "made": 1000.0}
+    never = {"start_p10": None, "start_p50": None, "start_p90": None, "made": 1000.0}
+    assert render.forecast_span(opened, "start") == "1m00s/open"
+    assert render.forecast_span(never, "start") == "-/-"
 
 
 def test_queue_table_empty_has_headers_only() -> None:

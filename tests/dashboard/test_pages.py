@@ -24,8 +24,8 @@ def waiting(job_id: str, forecast: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
-    # a P90 the calibration leaves open, and a job no future started within its horizon (no P50):
-    # shown as "–", where subtracting the time from None broke the page
+    # a P90 the calibration leaves open beside a P50: "open"; a job no future started within its
+    # horizon (no P50): "–", where subtracting the time from None broke the page
     now = 1_000_000.0
     open_p90 = {
         "start_p10": now + 60,
@@ -40,7 +40,7 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     never = dict(open_p90, start_p10=None, start_p50=None, finish_p10=None, finish_p50=None)
     data = {"jobs": [waiting("j1", open_p90), waiting("j2", never)], "reasons": {}}
     page = pages.queue(data, Principal("ana", "vision"), None, now)
-    assert "in 10m 00s <small>P90 –</small>" in page
+    assert "in 10m 00s <small>P90 open</small>" in page
     assert "in 2h" in page
     assert page.count("in – <small>P90 –</small>") == 2  # j2's start and finish
 

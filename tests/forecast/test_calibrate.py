@@ -13,12 +13,19 @@ def fc(made: float, p10: float | None, p50: float | None, p90: float | None) -> 
     return JobForecast(p10, p50, p90, None, None, None, futures=4, made=made)
 
 
-def test_too_few_residuals_leave_a_forecast_as_it_is() -> None:
+def test_too_few_residuals_leave_a_forecast_as_it_is_but_at_least_a_round_either_side() -> None:
     residuals = Residuals(round_s=300.0, min_count=5)
     for _ in range(4):
         residuals.add(1000.0, 3000.0)
-    f = fc(0.0, 900.0, 1000.0, 1100.0)
+    f = fc(0.0, 500.0, 1000.0, 2000.0)
     assert residuals.bounds() is None and residuals.widen(f) == f
+    # a narrower interval is widened to a round either side of P50, never before it was made
+    narrow = residuals.widen(fc(0.0, 900.0, 1000.0, 1100.0))
+    assert (narrow.start_p10, narrow.start_p50, narrow.start_p90) == (700.0, 1000.0, 1300.0)
+    soon = residuals.widen(fc(0.0, 100.0, 100.0, 100.0))
+    assert (soon.start_p10, soon.start_p90) == (0.0, 400.0)
+    open_above = residuals.widen(fc(0.0, 1000.0, 1000.0, None))
+    assert (open_above.start_p10, open_above.start_p90) == (700.0, None)
 
 
 def test_one_futures_point_is_shown_open_until_residuals_bound_it_and_misses_nothing() -> None:
@@ -37,9 +44,10 @@ def test_one_futures_point_is_shown_open_until_residuals_bound_it_and_misses_not
     assert len(tracker.residuals.values) == 20  # their residuals count
     bounded = tracker.residuals.widen(point)  # now the residuals bound it
     assert bounded.start_p90 is not None and bounded.start_p90 > made + 500.0
-    # two futures that agree: an interval of their own, kept as it was
+    # two futures that agree: an interval of their own, a round either side of their P50
     two = JobForecast(made + 500.0, made + 500.0, made + 500.0, None, None, None, futures=2, made=made)
-    assert Residuals(round_s=100.0).widen(two) == two
+    shown_two = Residuals(round_s=100.0).widen(two)
+    assert (shown_two.start_p10, shown_two.start_p90) == (made + 400.0, made + 600.0)
 
 
 def test_intervals_widen_to_the_residuals_and_never_narrow_or_start_before_they_were_made() -> None:

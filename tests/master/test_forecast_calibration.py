@@ -30,7 +30,7 @@ def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() ->
     try:
         fc.tracker.note(
             {
-                "started": JobForecast(300.0, 400.0, 450.0, None, None, None, futures=3, made=0.0),
+                "started": JobForecast(300.0, 350.0, 400.0, None, None, None, futures=3, made=0.0),
                 "late": JobForecast(500.0, 600.0, 700.0, None, None, None, futures=3, made=0.0),
                 "early": JobForecast(900.0, 1100.0, 1500.0, None, None, None, futures=3, made=0.0),
                 "gone": JobForecast(900.0, 1000.0, 1100.0, None, None, None, futures=3, made=0.0),
@@ -38,9 +38,10 @@ def test_each_round_reports_the_starts_then_the_waiting_jobs_past_their_p90() ->
         )
         fc._note_starts()
         residuals = fc.tracker.residuals
-        assert list(residuals.values) == [(500.0 - 400.0) / 400.0]  # "started": its residual
+        assert list(residuals.values) == [(500.0 - 350.0) / 350.0]  # "started": its residual
         assert fc.tracker.overdue == {"late"}  # past its P90 at 1000 and still waiting; "gone" forgotten
-        # "started" started above its P90 (450), "late" will: two misses above, none below
+        # "started" started above its P90 (shown as 450: a round above its P50), "late" will: two misses
+        # above, none below
         assert residuals.high_level == TAIL - 2 * residuals.gamma * (1 - TAIL)
         assert residuals.censored == [(1000.0 - 600.0) / 600.0]  # "late" is past its P50; "early" is not
         fc._note_starts()  # the next round: "late" still waits, its miss is not observed again

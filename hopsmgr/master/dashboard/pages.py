@@ -89,9 +89,17 @@ def _forecast_cells(job: Data, now: float) -> tuple[str, str]:
     f = job.get("forecast")
     if not f:
         return "–", "–"
-    start = f"in {_until(f['start_p50'], now)} <small>P90 {_until(f['start_p90'], now)}</small>"
-    finish = f"in {_until(f['finish_p50'], now)} <small>P90 {_until(f['finish_p90'], now)}</small>"
+    start = f"in {_until(f['start_p50'], now)} <small>P90 {_p90(f, 'start', now)}</small>"
+    finish = f"in {_until(f['finish_p50'], now)} <small>P90 {_p90(f, 'finish', now)}</small>"
     return start, finish
+
+
+def _p90(f: Data, what: str, now: float) -> str:
+    """A P90 the forecast leaves open beside a P50 it has ("open": past the horizon, or unbounded by
+    the calibration), else as `_until`."""
+    if f[f"{what}_p90"] is None and f[f"{what}_p50"] is not None:
+        return "open"
+    return _until(f[f"{what}_p90"], now)
 
 
 def _until(at: float | None, now: float) -> str:

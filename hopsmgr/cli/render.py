@@ -243,10 +243,15 @@ def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool 
     forecast is renewed only while some job waits)."""
     if not forecast or (forecast.get(f"{what}_p50") is None and forecast.get(f"{what}_p90") is None):
         return DASH
-    p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
     made = forecast.get("made")
-    age = f", made {duration(max(0.0, time.time() - float(made)))} ago" if aged and made else ""
-    return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures{age})"
+    now = time.time()
+    if aged and made:  # waits from now, not from when it was made (a round's forecast reads as current)
+        forecast = {**forecast, "made": now}
+    p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
+    age = f", made {duration(max(0.0, now - float(made)))} ago" if aged and made else ""
+    passed = forecast.get(f"{what}_p50")
+    late = f"; its P50 passed {duration(now - float(passed))} ago" if aged and passed and passed < now else ""
+    return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures{age}{late})"
 
 
 def _what_if_lines(what_if: Mapping[str, Any] | None) -> list[tuple[str, str]]:

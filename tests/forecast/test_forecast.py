@@ -289,7 +289,7 @@ def test_the_forecast_modules_are_pure() -> None:
         assert clock_reads(source) == [], path.name
 
 
-def test_queue_and_explain_show_the_forecast_as_waits_from_when_it_was_made() -> None:
+def test_queue_shows_the_forecast_as_waits_from_when_it_was_made_and_explain_from_now() -> None:
     from hopsmgr.cli.render import explain_text, queue_table
 
     made = 1_000_000.0
@@ -306,9 +306,21 @@ def test_queue_and_explain_show_the_forecast_as_waits_from_when_it_was_made() ->
     assert "5m00s/12m00s" in row
     text = explain_text({"id": "j-000001", "forecast": fc})
     assert "forecast start:" in text and "8 sampled futures" in text
-    # explain says when (its waits count from then; a forecast is renewed only while jobs wait)
-    recent = {**fc, "made": time.time() - 125.0}
-    assert re.search(r"8 sampled futures, made 2m0[56]s ago\)", explain_text({"id": "j", "forecast": recent}))
+
+    # explain says when it was made (a forecast is renewed only while jobs wait) and counts its waits
+    # from now: a forecast made a round ago must not read as current
+    def shifted(made_at: float) -> dict[str, Any]:  # the same forecast, made at `made_at`
+        return {k: (v - made + made_at if k != "futures" and v is not None else v) for k, v in fc.items()}
+
+    recent = shifted(time.time() - 125.0)
+    line = explain_text({"id": "j", "forecast": recent})
+    assert re.search(r"in 2m5[45]s \(P10 0s, P90 9m5[45]s; 8 sampled futures, made 2m0[56]s ago\)", line), (
+        line
+    )
+    passed = shifted(time.time() - 400.0)  # its P50 (300 s after it was made) is past
+    assert re.search(
+        r"made 6m4[01]s ago; its P50 passed 1m4[01]s ago\)", explain_text({"id": "j", "forecast": passed})
+    )
     assert queue_table([{**job, "forecast": None}]).splitlines()[1].count("-") >= 1
 
 

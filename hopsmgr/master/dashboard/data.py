@@ -109,7 +109,7 @@ def wait_reason(job: dict[str, Any], explained: dict[str, Any]) -> str:
     if explained.get("unplaceable"):
         return str(explained["unplaceable"])
     if explained.get("in_window") is False:
-        return f"behind the planning window ({explained.get('window')} jobs, running ones included)"
+        return f"behind the service window ({explained.get('window')} jobs, running ones included)"
     quota = explained.get("quota") or {}
     cap = quota.get("cap_gpus")
     if cap is not None and quota.get("used_gpus", 0) + min(job["gpus"]) > cap:

@@ -183,6 +183,7 @@ EXPLAIN = answer(
             max_items=MANY,
             description="samples/s per node at each GPU count of the job the node holds",
         ),
+        "placement_estimate": Nullable(Num(description="samples/s on the placement the job holds")),
         "reason": Nullable(TEXT),
         "forecast": FORECAST,
         "quota": TENANT,

@@ -12,7 +12,7 @@ from hopsmgr.control.snapshot import waited_s
 from hopsmgr.control.usage import current_usage
 from hopsmgr.core import fairshare
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import JobView
+from hopsmgr.core.model import Config, JobView
 from hopsmgr.core.planner import Plan, context_of
 from hopsmgr.core.priority import PriorityContext, estimated_wait_s, expected_run_s, raqlr
 from hopsmgr.master.controller import Controller
@@ -203,6 +203,7 @@ def explain(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
         "waits_for": [d for d in spec.get("after", []) if d in ctl.machine.state.jobs],
         "estimates": estimates(ctl, row["id"]),
         "estimates_by_count": estimates_by_count(ctl, row["id"]),
+        "placement_estimate": placement_estimate(ctl, row["id"], summary["placement"]),
         "reason": summary["reason"],
         "forecast": summary["forecast"],
         "quota": tenant_view(ctl, tenant),
@@ -263,6 +264,18 @@ def estimates_by_count(ctl: Controller, job_id: str) -> dict[str, dict[str, floa
                 if rate is not None:
                     out.setdefault(node.id, {})[str(gpus)] = round(rate * gpus, 4)
     return out
+
+
+def placement_estimate(ctl: Controller, job_id: str, placement: dict[str, int] | None) -> float | None:
+    """The estimator's samples/s for the job on the placement it holds, over several servers or GPU
+    types too (speed-balanced where the types differ); None when it holds none or has no estimate."""
+    job = ctl.state.jobs.get(job_id)
+    if job is None or not placement or any(sid not in ctl.state.nodes for sid in placement):
+        return None
+    config = Config.of(placement)
+    servers = {sid: ctl.state.nodes[sid].effective_server() for sid in placement}
+    rate = ctl.estimator.config_rate(job.spec, config, servers)
+    return None if rate is None else round(rate, 4)
 
 
 def node_view(ctl: Controller, node: NodeRecord) -> dict[str, Any]:

@@ -60,3 +60,17 @@ def test_the_job_pages_throughput_compares_a_larger_count_with_its_own_estimate(
     html = pages._throughput(job, measured, explained)
     rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
     assert "190.0" in rows["n1×2"] and "97.0" in rows["n2×1"], rows
+
+
+def test_the_job_pages_throughput_has_an_estimate_for_a_placement_over_several_servers() -> None:
+    # a placement over two servers of two types has no per-node estimate; the explanation's estimate
+    # of the placement the job holds is shown beside it (it was "–"), not beside one it held before
+    job = {"gpus": [2], "placement": {"k80": 1, "v100": 1}}
+    measured = [
+        {"placement": {"p100": 1, "v100": 1}, "samples_per_s": 900.0},
+        {"placement": {"v100": 1, "k80": 1}, "samples_per_s": 1009.0},
+    ]
+    explained = {"estimates": {}, "estimates_by_count": {}, "placement_estimate": 977.6}
+    html = pages._throughput(job, measured, explained)
+    rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
+    assert "977.6" in rows["k80×1, v100×1"] and "977.6" not in rows["p100×1, v100×1"], rows

@@ -39,4 +39,10 @@ def test_emulated_speed_factors_show_in_nodes_and_change_estimates(twins: LocalC
     assert estimates["fast"] > 1.3 * estimates["slow"], estimates
     # per GPU count the node holds too (this job has one count: the same figures)
     assert explained["estimates_by_count"] == {n: {"1": rate} for n, rate in estimates.items()}
+    # and on the placement it holds once it runs (what the dashboard shows beside a placement over
+    # several servers, which has no per-node estimate)
+    wait_for(lambda: twins.api("GET", f"/api/v1/jobs/{job_id}")["state"] == "RUNNING", 60, "running")
+    explained = twins.api("GET", f"/api/v1/jobs/{job_id}/explain")
+    (node,) = explained["placement"]
+    assert explained["placement_estimate"] == pytest.approx(explained["estimates"][node], rel=1e-6)
     twins.api("POST", f"/api/v1/jobs/{job_id}/cancel")

@@ -180,6 +180,7 @@ def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
         by_placement.setdefault(key, []).append(row["samples_per_s"])
     estimates: dict[str, float] = explained.get("estimates") or {}
     by_count: dict[str, dict[str, float]] = explained.get("estimates_by_count") or {}
+    held = ", ".join(f"{k}×{v}" for k, v in sorted((job.get("placement") or {}).items()))
     least = min(job["gpus"])
     rows = []
     for key, values in by_placement.items():
@@ -190,6 +191,8 @@ def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
             estimate = by_count.get(node, {}).get(gpus)
             if estimate is None and int(gpus) == least:
                 estimate = estimates.get(node)
+        if estimate is None and key == held:  # over several servers: the estimate of what it holds
+            estimate = explained.get("placement_estimate")
         rows.append(
             (
                 e(key),

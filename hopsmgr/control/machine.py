@@ -84,6 +84,7 @@ class ControlSettings:
 
 
 IDLE_RECHECK_S = 1.0
+PROFILING_WAITS = 50
 RECENTLY_ENDED = 256  # the latest completed jobs, kept for the forecasts' arrival process
 
 
@@ -119,6 +120,8 @@ class SchedulerMachine:
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self.recently_ended: deque[EndedJob] = deque(maxlen=RECENTLY_ENDED)  # profiled, completed
         self.submissions: deque[float] = deque(maxlen=20_000)  # when accepted jobs were submitted
+        # how long the latest profiled jobs took from submission to queued (the forecasts' profiling)
+        self.profiling_waits: deque[float] = deque(maxlen=PROFILING_WAITS)
         # per one-server job, the placement over several servers last refused (noted once, not per plan)
         self.spans_refused: dict[str, Config] = {}
         self._records: list[Record] = []

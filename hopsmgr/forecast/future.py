@@ -10,7 +10,8 @@ a copy of a job submitted within the window (live, or completed since: `_arrival
 then runs as in any simulation; `started` and `finished` record when each job launched and completed.
 
 What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
-(of the same model when there is one) and are queued at once; plans are made by
+(of the same model when there is one) and are queued at once (hopsmgr.forecast.run then holds their
+start back to when their profiling would end, `LiveState.profiling_s`); plans are made by
 hopsmgr.forecast.policy (the Hops planner for the first plans, then Hops' order, greedy placement).
 """
 
@@ -21,6 +22,7 @@ import copy
 import itertools
 import math
 import random
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -62,6 +64,8 @@ class LiveState:
     next_round: float = 0.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
     ended: tuple[EndedJob, ...] = ()  # completed jobs submitted within the window (a recent sample)
+    # how long the latest profiled jobs took from submission to queued (median; 0: none known)
+    profiling_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,4 +493,5 @@ def capture(
         next_round=now + round_s if next_round is None else next_round,
         scheduler=s.scheduler,
         ended=tuple(e for e in machine.recently_ended if e.submitted >= now - window_s),
+        profiling_s=statistics.median(machine.profiling_waits) if machine.profiling_waits else 0.0,
     )

@@ -67,6 +67,23 @@ def test_submission_is_persisted_before_the_reply_and_asks_for_a_plan(harness: H
     assert harness.machine.state.jobs["j1"].state == JobState.PENDING
 
 
+def test_the_machine_keeps_how_long_profiling_took_each_job_for_the_forecasts(harness: Harness) -> None:
+    # from submission to queued: what a forecast holds a job not yet profiled back by
+    harness.now = 100.0
+    submitted = spec("j1", (1,), 1e6, at=harness.now)
+    out = harness.feed(JobSubmitted(harness.stimulus(), submitted))
+    out += harness.feed(RoundTick(harness.stimulus(), "first"))
+    runs = harness.of(StartProfiling, out)
+    assert runs
+    harness.now = 130.0
+    for run in runs:
+        harness.feed(AttemptStarted(harness.stimulus(), run.attempt_id))
+        assert not harness.machine.profiling_waits  # not queued before its last profiling run ends
+        harness.feed(AttemptEnded(harness.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+    assert harness.machine.state.jobs["j1"].state == JobState.QUEUED
+    assert list(harness.machine.profiling_waits) == [30.0]
+
+
 def test_submission_limits_are_decided_by_the_machine() -> None:
     h = Harness(tenants=(TenantQuota("a", cap_gpus=2), TenantQuota("b")))
     (reply,) = h.feed(JobSubmitted(h.stimulus(), spec("j1", (4,), tenant="a")))

@@ -149,6 +149,31 @@ def test_an_attempt_restored_from_the_store_goes_on_from_the_restore() -> None:
     assert finish == pytest.approx(live.now + (job.spec.total_samples - job.done_samples) / rate, rel=1e-6)
 
 
+def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() -> None:
+    # the futures queue it at once; live, it is profiled first, about as long after its submission as
+    # the latest jobs' profiling took (LiveState.profiling_s): its start, and its finish with it, move
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    assert live.profiling_s == 0.0  # no profiling run in this simulation
+    pending = tuple(
+        replace(j, state=JobState.PENDING, submitted=live.now) if j.id == "j1" else j for j in live.jobs
+    )
+    plain = forecast(replace(live, jobs=pending), NO_PREEMPTION, time.perf_counter)
+    start, finish = plain["j1"].start_p50, plain["j1"].finish_p50
+    assert start is not None and finish is not None
+    ready = start + 3600.0  # its profiling would end an hour after the futures start it
+    held = forecast(
+        replace(live, jobs=pending, profiling_s=ready - live.now), NO_PREEMPTION, time.perf_counter
+    )
+    assert held["j1"].start_p50 == pytest.approx(ready) and held["j1"].finish_p50 == pytest.approx(
+        finish + 3600
+    )
+    assert held["j2"].start_p50 == plain["j2"].start_p50  # the others are left as they are
+    # a job whose profiling would have ended already is not held back
+    early = forecast(replace(live, jobs=pending, profiling_s=1.0), NO_PREEMPTION, time.perf_counter)
+    assert early["j1"].start_p50 == start
+
+
 def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)

@@ -62,8 +62,10 @@ def forecast_once(fc: Forecaster) -> None:
     asyncio.run(scenario())
 
 
-def whole_state_forecast(sim: Simulation) -> dict[str, object]:
-    return forecast(capture(sim.machine, sim.now), SETTINGS, time.perf_counter)  # type: ignore[return-value]
+def whole_state_forecast(sim: Simulation, fc: Forecaster) -> dict[str, object]:
+    """The forecast from the whole state, shown as the master shows it (its intervals widened)."""
+    raw = forecast(capture(sim.machine, sim.now), SETTINGS, time.perf_counter)
+    return {job_id: fc.tracker.residuals.widen(f) for job_id, f in raw.items()}
 
 
 def test_the_worker_forecasts_from_its_copy_as_from_the_whole_state_and_a_new_worker_gets_it_whole() -> None:
@@ -74,18 +76,18 @@ def test_the_worker_forecasts_from_its_copy_as_from_the_whole_state_and_a_new_wo
     async def scenario() -> None:
         try:
             await fc.once()  # first: the whole state
-            assert fc.ctl.forecasts == whole_state_forecast(sim) and not fc.resend
+            assert fc.ctl.forecasts == whole_state_forecast(sim, fc) and not fc.resend
             sampled_before = sim.machine.estimator.export_state()
             sim.advance(until=lambda: sim.now >= 6000.0)  # the running job is observed meanwhile
             updates = len(estimator.logs["forecast"])
             assert updates > 0 and estimator.export_state() != sampled_before
             await fc.once()  # the updates only
             assert estimator.logs["forecast"] == []
-            assert fc.ctl.forecasts == whole_state_forecast(sim)
+            assert fc.ctl.forecasts == whole_state_forecast(sim, fc)
             fc.worker.stop()  # replaced: the new worker has no copy, says so, and is sent the whole
             estimator.observe_data_time("j1", next(iter(estimator.profiled_types("j1"))), 0.5, 0.25)
             await fc.once()
-            assert fc.ctl.forecasts == whole_state_forecast(sim) and not fc.resend
+            assert fc.ctl.forecasts == whole_state_forecast(sim, fc) and not fc.resend
         finally:
             fc.close()
 
@@ -148,7 +150,7 @@ def test_the_first_forecast_sends_the_estimator_taken_at_start_and_the_updates_s
     forecast_once(fc)
     assert exports == 0 and fc.base is None and not fc.resend
     estimator.export_state = export  # type: ignore[method-assign]
-    assert fc.ctl.forecasts == whole_state_forecast(sim)
+    assert fc.ctl.forecasts == whole_state_forecast(sim, fc)
 
 
 def test_the_live_state_travels_as_what_changed_since_the_workers_last_forecast() -> None:
@@ -203,4 +205,4 @@ def test_a_worker_without_the_jobs_is_sent_them_ahead_in_slices(monkeypatch: pyt
     jobs = len(sim.machine.state.jobs)
     assert jobs == 3 and calls.count("preload_jobs") == 2  # every job, two a call
     assert calls[-1] == "forecast_following" and len(fc.held) == jobs
-    assert fc.ctl.forecasts == whole_state_forecast(sim)
+    assert fc.ctl.forecasts == whole_state_forecast(sim, fc)

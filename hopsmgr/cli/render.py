@@ -245,7 +245,7 @@ def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool 
         return DASH
     made = forecast.get("made")
     now = time.time()
-    if aged and made:  # waits from now, not from when it was made (a round's forecast reads as current)
+    if aged:  # waits from now, not from when it was made (a round's forecast reads as current)
         forecast = {**forecast, "made": now}
     p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
     age = f", made {duration(max(0.0, now - float(made)))} ago" if aged and made else ""

@@ -295,8 +295,8 @@ def _end_profiling(
             if profiled
             else f"profiling run {attempt.id} on {node.server.id} {reason}: {log_excerpt(tail, 3, 300)}"
         )
-        if profiled:
-            m.profiling_waits.append(max(0.0, m.now - job.submitted))
+        if profiled:  # from when its profiling began (an --after job waits for its dependencies first)
+            m.profiling_waits.append(max(0.0, m.now - job.state_since))
         m.set_state(job, JobState.QUEUED, "queued", why.strip())
 
 

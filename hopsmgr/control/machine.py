@@ -120,7 +120,7 @@ class SchedulerMachine:
         self.ended_lr: list[tuple[float, float]] = []  # (end time, latency ratio) of ended jobs, for RAQLR
         self.recently_ended: deque[EndedJob] = deque(maxlen=RECENTLY_ENDED)  # profiled, completed
         self.submissions: deque[float] = deque(maxlen=20_000)  # when accepted jobs were submitted
-        # how long the latest profiled jobs took from submission to queued (the forecasts' profiling)
+        # how long the latest profiled jobs' profiling took, PROFILING to QUEUED (the forecasts' hold)
         self.profiling_waits: deque[float] = deque(maxlen=PROFILING_WAITS)
         # per one-server job, the placement over several servers last refused (noted once, not per plan)
         self.spans_refused: dict[str, Config] = {}

@@ -117,8 +117,9 @@ class Residuals:
         return low, high
 
     def widen(self, forecast: JobForecast) -> JobForecast:
-        """`forecast` with its start P10-P90 widened to the recent residuals' (unchanged before
-        `min_count`, and for jobs with no start forecast). Before `min_count`, a forecast of one
+        """`forecast` with its start P10-P90 widened to at least a round either side of its P50 and
+        to the recent residuals' (these from `min_count` on; jobs with no start forecast are left as
+        they are). Before `min_count`, a forecast of one
         future (a queue so large that one is all the time limit allows: hopsmgr.forecast.run) has
         no interval to show, its P10 = P50 = P90: both tails are left open (P10 the instant it was
         made, P90 None), as the adapted levels leave them, and no start can miss them (a point

@@ -64,7 +64,7 @@ class LiveState:
     next_round: float = 0.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
     ended: tuple[EndedJob, ...] = ()  # completed jobs submitted within the window (a recent sample)
-    # how long the latest profiled jobs took from submission to queued (median; 0: none known)
+    # how long the latest profiled jobs' profiling took, PROFILING to QUEUED (median; 0: none known)
     profiling_s: float = 0.0
 
 

@@ -48,12 +48,13 @@ def forecast(
     t0 = timer()
     waiting = {j.id for j in live.jobs if j.state in WAITING}
     # [ours] the futures queue a job not yet profiled at once; it starts no sooner than its profiling
-    # ends, as long after its submission as the latest jobs' profiling took (its start moves there in
-    # each future, and its finish with it; the other jobs' are left as they are)
+    # would end: as long after it began (a PENDING job: after now) as the latest jobs' profiling took.
+    # Its start moves there in each future, and its finish with it; the other jobs' are left as they
+    # are. A job profiling for longer than that already is not held.
     ready = {
-        j.id: j.submitted + live.profiling_s
+        j.id: (j.state_since if j.state == JobState.PROFILING else live.now) + live.profiling_s
         for j in live.jobs
-        if j.state in (JobState.PENDING, JobState.PROFILING) and j.submitted + live.profiling_s > live.now
+        if j.state in (JobState.PENDING, JobState.PROFILING) and j.spec.runtime
     }
     starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}

@@ -31,7 +31,8 @@ def with_new_job(live: LiveState, spec: JobSpec) -> LiveState:
     now = live.now
     job = Job(
         spec=replace(spec, id=WHAT_IF_ID, submit_time=now),
-        state=JobState.PENDING,
+        # as the machine takes a submission: a job without the runtime is queued, no profiling run
+        state=JobState.PENDING if spec.runtime else JobState.QUEUED,
         submitted=now,
         state_since=now,
     )

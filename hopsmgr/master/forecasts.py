@@ -129,7 +129,9 @@ class Forecaster:
         self.observed_since = ctl.clock()  # submissions are noted from here on (the window is cut here)
         self.made_ms: deque[float] = deque(maxlen=1000)
         # start intervals widened by how far recent jobs' starts were from their forecasts
-        self.tracker = StartTracker(Residuals(round_s=ctl.config.scheduler.round_seconds))
+        # (a round of the futures: they plan at most once a minute, however short the master's round)
+        round_s = max(ctl.config.scheduler.round_seconds, self.settings.future.min_round_s)
+        self.tracker = StartTracker(Residuals(round_s=round_s))
         self.in_process = ctl.config.master.planner == "process"
         self.worker = WorkerProcess("hopsmgr-forecast")
         # the forecast worker's copy of the estimator: which one (a new worker has none) and whether the

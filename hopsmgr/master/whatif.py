@@ -47,7 +47,11 @@ class WhatIfs:
             found = await self.forecaster.offload(forecast_job, live, job_id, time.perf_counter, what_if=True)
         except (WorkerError, WorkerTimeout) as exc:
             raise RequestError(503, None, f"the what-if forecast failed: {exc}") from exc
-        return None if found is None else found.as_dict()
+        if found is None:
+            return None
+        # shown as the queue's forecasts are: its start interval widened by the calibration (not
+        # noted by it: no job will start to check it against)
+        return self.forecaster.tracker.residuals.widen(found).as_dict()
 
     def _live(self) -> LiveState:
         return self.forecaster.capture(self.ctl.clock())

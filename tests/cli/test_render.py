@@ -67,6 +67,14 @@ def test_an_open_p90_beside_a_p50_is_shown_open_and_no_p50_as_a_dash() -> None:
     assert render.forecast_span(never, "start") == "-/-"
 
 
+def test_explain_counts_a_forecasts_waits_from_now_also_without_its_made() -> None:
+    # an answer with no `made` (an older master) counted from 1970
+    now = time.time()
+    soon = {"start_p10": now + 50, "start_p50": now + 65, "start_p90": now + 125}
+    line = render.explain_text({"id": "j", "forecast": soon})
+    assert "forecast start: in 1m0" in line and "made" not in line, line
+
+
 def test_queue_table_empty_has_headers_only() -> None:
     assert render.queue_table([]).startswith("POS  ID  NAME")
 

@@ -45,6 +45,19 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     assert page.count("in – <small>P90 –</small>") == 2  # j2's start and finish
 
 
+def test_the_queue_page_shows_the_rough_wait_only_where_there_is_no_start_forecast() -> None:
+    now = 1_000_000.0
+    forecast = {"start_p10": now + 60, "start_p50": now + 120, "start_p90": now + 300, "made": now}
+    forecast |= {"finish_p10": None, "finish_p50": None, "finish_p90": None, "futures": 3}
+    with_forecast = {**waiting("j1", forecast), "est_wait_s": 7_200.0}
+    without = {**waiting("j2", None), "est_wait_s": 7_200.0}
+    page = pages.queue(
+        {"jobs": [with_forecast, without], "reasons": {}}, Principal("ana", "vision"), None, now
+    )
+    rows = [r for r in page.split("<tr>") if "/ui/jobs/" in r]
+    assert "2h" not in rows[0] and "2h" in rows[1], rows
+
+
 def test_the_job_pages_throughput_compares_a_larger_count_with_its_own_estimate() -> None:
     # an elastic job measured on 2 GPUs of n1: its estimate there is the one at 2 GPUs (it was empty
     # for any count but the smallest); a count without one falls back to the smallest count's

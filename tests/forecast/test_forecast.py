@@ -169,6 +169,15 @@ def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() 
         finish + 3600
     )
     assert held["j2"].start_p50 == plain["j2"].start_p50  # the others are left as they are
+    # a job profiling since an hour ago is held back to an hour after that began
+    profiling = tuple(
+        replace(j, state=JobState.PROFILING, state_since=live.now - 3600.0) if j.id == "j1" else j
+        for j in live.jobs
+    )
+    begun = forecast(
+        replace(live, jobs=profiling, profiling_s=ready - live.now + 3600.0), NO_PREEMPTION, time.perf_counter
+    )
+    assert begun["j1"].start_p50 == pytest.approx(ready)
     # a job whose profiling would have ended already is not held back
     early = forecast(replace(live, jobs=pending, profiling_s=1.0), NO_PREEMPTION, time.perf_counter)
     assert early["j1"].start_p50 == start

@@ -103,8 +103,8 @@ def _p90(f: Data, what: str, now: float) -> str:
 
 
 def _until(at: float | None, now: float) -> str:
-    """How long from `now` until `at`; "–" for a quantile the forecast leaves open (None: past its
-    horizon, or a P90 the calibration cannot bound)."""
+    """How long from `now` until `at`; "–" for a quantile the forecast has none of (None: no future
+    started the job within its horizon; a P90 left open beside a P50 is `_p90`'s "open")."""
     return duration(None if at is None else at - now)
 
 
@@ -121,7 +121,9 @@ def queue(data: Data, who: Principal, csrf: str | None, now: float) -> str:
                 state_badge(job["state"]),
                 e(",".join(str(g) for g in job["gpus"])),
                 num(job["latency_ratio"]),
-                duration(job["est_wait_s"]),
+                # the rough estimate only for a job the forecasts have not reached (beside a start
+                # forecast it only contradicted it)
+                duration(None if (job.get("forecast") or {}).get("start_p50") else job["est_wait_s"]),
                 start,
                 finish,
                 e(data["reasons"].get(job["id"], "")),

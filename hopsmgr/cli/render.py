@@ -133,41 +133,40 @@ def forecast_span(
     )
 
 
-WAITING = frozenset({"PENDING", "PROFILING", "QUEUED"})
-
-
-def _start_forecast(job: Mapping[str, Any]) -> bool:
-    forecast = job.get("forecast") or {}
-    return job.get("state") in WAITING and forecast.get("start_p50") is not None
-
-
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
     """The queue: jobs with a queue position first (1 = next), then the others oldest first."""
     headers = (
         "POS", "ID", "NAME", "USER", "TENANT", "STATE", "GPUS", "PLACEMENT", "LR", "EST.WAIT", "START.P50/P90",
         "PROGRESS",
     )  # fmt: skip
-    rows = [
-        (
-            number(job.get("position")),
-            str(job.get("id", DASH)),
-            str(job.get("name") or DASH),
-            str(job.get("user") or DASH),
-            str(job.get("tenant") or DASH),
-            str(job.get("state", DASH)),
-            gpus(job.get("gpus")),
-            placement(job.get("placement")),
-            number(job.get("latency_ratio"), 2),
-            # the rough estimate from the recent average latency ratio, for a job the forecasts have
-            # not reached yet (beside a forecast it only contradicted it)
-            duration(None if _start_forecast(job) else job.get("est_wait_s")),
-            # a job that no longer waits keeps the forecast made while it waited until the next one
-            forecast_span(job.get("forecast"), "start") if job.get("state") in WAITING else DASH,
-            percent(job.get("progress")),
-        )
-        for job in sorted(jobs, key=_queue_key)
-    ]
+    rows = [_queue_row(job) for job in sorted(jobs, key=_queue_key)]
     return table(headers, rows)
+
+
+WAITING = frozenset({"PENDING", "PROFILING", "QUEUED"})
+
+
+def _queue_row(job: Mapping[str, Any]) -> tuple[str, ...]:
+    # a job that no longer waits keeps the forecast made while it waited until the next one (an older
+    # master sends its start quantiles): shown for waiting jobs only
+    forecast = job.get("forecast") if job.get("state") in WAITING else None
+    has_start = (forecast or {}).get("start_p50") is not None
+    return (
+        number(job.get("position")),
+        str(job.get("id", DASH)),
+        str(job.get("name") or DASH),
+        str(job.get("user") or DASH),
+        str(job.get("tenant") or DASH),
+        str(job.get("state", DASH)),
+        gpus(job.get("gpus")),
+        placement(job.get("placement")),
+        number(job.get("latency_ratio"), 2),
+        # the rough estimate from the recent average latency ratio, for a job the forecasts have not
+        # reached yet (beside a start forecast it only contradicted it)
+        duration(None if has_start else job.get("est_wait_s")),
+        forecast_span(forecast, "start"),
+        percent(job.get("progress")),
+    )
 
 
 def job_detail(job: Mapping[str, Any]) -> str:

@@ -15,6 +15,7 @@ from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobView
 from hopsmgr.core.planner import Plan, context_of
 from hopsmgr.core.priority import PriorityContext, estimated_wait_s, expected_run_s, raqlr
+from hopsmgr.forecast.future import WAITING
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError
 from hopsmgr.master.state import NodeRecord, calibration_json
@@ -94,9 +95,6 @@ def job_summary(
     }
 
 
-_WAITING = frozenset({JobState.PENDING, JobState.PROFILING, JobState.QUEUED})
-
-
 def forecast_of(ctl: Controller, job_id: str) -> dict[str, Any] | None:
     """The latest forecast of a live job (hopsmgr.master.forecasts), None before the first. A job
     that no longer waits keeps its forecast until the next one: its start quantiles, made while it
@@ -106,7 +104,7 @@ def forecast_of(ctl: Controller, job_id: str) -> dict[str, Any] | None:
         return None
     out = found.as_dict()
     job = ctl.state.jobs.get(job_id)
-    if job is not None and job.state not in _WAITING:
+    if job is not None and job.state not in WAITING:
         out.update(start_p10=None, start_p50=None, start_p90=None)
     return out
 

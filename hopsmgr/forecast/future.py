@@ -11,7 +11,7 @@ then runs as in any simulation; `started` and `finished` record when each job la
 
 What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
 (of the same model when there is one) and are queued at once (hopsmgr.forecast.run then holds their
-start back to when their profiling would end, `LiveState.profiling_s`); plans are made by
+start back to when their profiling would end, `LiveState.profiling_left`); plans are made by
 hopsmgr.forecast.policy (the Hops planner for the first plans, then Hops' order, greedy placement).
 """
 
@@ -64,8 +64,14 @@ class LiveState:
     next_round: float = 0.0
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
     ended: tuple[EndedJob, ...] = ()  # completed jobs submitted within the window (a recent sample)
-    # how long the latest profiled jobs' profiling took, PROFILING to QUEUED (median; 0: none known)
-    profiling_s: float = 0.0
+    # how long the latest profiled jobs' profiling took, PROFILING to QUEUED (seconds each)
+    profiling_waits: tuple[float, ...] = ()
+
+    def profiling_left(self, elapsed: float) -> float:
+        """How much longer a job's profiling will take once it has taken `elapsed` seconds: the median of
+        what the latest profiling runs that took longer than that took beyond it (0: none took longer)."""
+        longer = [w - elapsed for w in self.profiling_waits if w > elapsed]
+        return statistics.median(longer) if longer else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,5 +499,5 @@ def capture(
         next_round=now + round_s if next_round is None else next_round,
         scheduler=s.scheduler,
         ended=tuple(e for e in machine.recently_ended if e.submitted >= now - window_s),
-        profiling_s=statistics.median(machine.profiling_waits) if machine.profiling_waits else 0.0,
+        profiling_waits=tuple(machine.profiling_waits),
     )

@@ -48,11 +48,12 @@ def forecast(
     t0 = timer()
     waiting = {j.id for j in live.jobs if j.state in WAITING}
     # [ours] the futures queue a job not yet profiled at once; it starts no sooner than its profiling
-    # would end: as long after it began (a PENDING job: after now) as the latest jobs' profiling took.
-    # Its start moves there in each future, and its finish with it; the other jobs' are left as they
-    # are. A job profiling for longer than that already is not held.
+    # would end: a PENDING job after as long as the latest jobs' profiling took (their median), one
+    # PROFILING for a while after what those that took longer still took beyond it. Its start moves
+    # there in each future, and its finish with it; the other jobs' are left as they are.
     ready = {
-        j.id: (j.state_since if j.state == JobState.PROFILING else live.now) + live.profiling_s
+        j.id: live.now
+        + live.profiling_left(live.now - j.state_since if j.state == JobState.PROFILING else 0.0)
         for j in live.jobs
         if j.state in (JobState.PENDING, JobState.PROFILING) and j.spec.runtime
     }

@@ -160,6 +160,7 @@ class Controller:
             str, Any
         ] = {}  # job id -> hopsmgr.forecast.future.JobForecast (master/forecasts.py)
         self.wake = asyncio.Event()  # the machine asked for a fragment plan
+        self.next_round_at: float | None = None  # (clock) when the round loop's next first plan is due
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)
         self.replies_deferred = 0  # acknowledgements and stops left to a later reply (not yet durable)
         # per node, ended attempts it reported whose ends are not committed yet: attempt -> the write
@@ -545,6 +546,7 @@ class Controller:
                 time=t.at,
                 placement=t.placement.as_dict(),
                 rate=t.samples_per_s,
+                estimate=t.estimated_per_s,
             )
             for t in rows
         ]

@@ -158,10 +158,17 @@ class Forecaster:
             now,
             recent,
             WINDOW_S,
+            next_round=self._next_round(now),
             copy_records=not self.in_process,
             with_estimator=with_estimator,
             observed_since=self.observed_since,
         )
+
+    def _next_round(self, now: float) -> float | None:
+        """When the round loop's next first plan is due (no sooner than now: one running late starts as
+        soon as it can); None (a round from now) before the loop's first tick."""
+        due = self.ctl.next_round_at
+        return None if due is None else max(due, now)
 
     async def offload(self, fn: Callable[..., _T], *args: Any, what_if: bool = False) -> _T:
         """`fn(*args)` off the event loop: in a worker process (pickled at once, before any await) or a

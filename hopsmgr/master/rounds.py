@@ -89,6 +89,7 @@ class RoundLoop:
             now = time.monotonic()
             if now >= next_first:
                 next_first = now + interval
+                self.ctl.next_round_at = self.ctl.clock() + interval  # what the forecasts plan from
                 await self._safe_round("first")
                 continue
             try:

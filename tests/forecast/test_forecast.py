@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from hopsmgr.config import parse_cluster_config
+from hopsmgr.control.records import Job
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
@@ -151,10 +152,10 @@ def test_an_attempt_restored_from_the_store_goes_on_from_the_restore() -> None:
 
 def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() -> None:
     # the futures queue it at once; live, it is profiled first, about as long after its submission as
-    # the latest jobs' profiling took (LiveState.profiling_s): its start, and its finish with it, move
+    # the latest jobs' profiling took (LiveState.profiling_left): its start, and its finish with it, move
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
-    assert live.profiling_s == 0.0  # no profiling run in this simulation
+    assert live.profiling_waits == ()  # no profiling run in this simulation
     pending = tuple(
         replace(j, state=JobState.PENDING, submitted=live.now) if j.id == "j1" else j for j in live.jobs
     )
@@ -162,25 +163,45 @@ def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() 
     start, finish = plain["j1"].start_p50, plain["j1"].finish_p50
     assert start is not None and finish is not None
     ready = start + 3600.0  # its profiling would end an hour after the futures start it
-    held = forecast(
-        replace(live, jobs=pending, profiling_s=ready - live.now), NO_PREEMPTION, time.perf_counter
-    )
+    took = ready - live.now  # the median of the latest profiling times
+    waits = (took - 600.0, took, took + 600.0)
+    held = forecast(replace(live, jobs=pending, profiling_waits=waits), NO_PREEMPTION, time.perf_counter)
     assert held["j1"].start_p50 == pytest.approx(ready) and held["j1"].finish_p50 == pytest.approx(
         finish + 3600
     )
     assert held["j2"].start_p50 == plain["j2"].start_p50  # the others are left as they are
-    # a job profiling since an hour ago is held back to an hour after that began
-    profiling = tuple(
-        replace(j, state=JobState.PROFILING, state_since=live.now - 3600.0) if j.id == "j1" else j
-        for j in live.jobs
-    )
+
+    def profiling_since(ago: float) -> tuple[Job, ...]:
+        return tuple(
+            replace(j, state=JobState.PROFILING, state_since=live.now - ago) if j.id == "j1" else j
+            for j in live.jobs
+        )
+
+    # a job profiling for a while is held by what the runs that took longer still took beyond that:
+    # after an hour, the median of took + 600 - 3600 and took + 1200 - 3600 (the 600-s run is left out)
+    waits = (600.0, took + 600.0, took + 1200.0)
     begun = forecast(
-        replace(live, jobs=profiling, profiling_s=ready - live.now + 3600.0), NO_PREEMPTION, time.perf_counter
+        replace(live, jobs=profiling_since(3600.0), profiling_waits=waits), NO_PREEMPTION, time.perf_counter
     )
-    assert begun["j1"].start_p50 == pytest.approx(ready)
-    # a job whose profiling would have ended already is not held back
-    early = forecast(replace(live, jobs=pending, profiling_s=1.0), NO_PREEMPTION, time.perf_counter)
+    assert begun["j1"].start_p50 == pytest.approx(live.now + took - 2700.0)
+    # one profiling for longer than any run known is not held back, nor one whose run would have ended
+    overdue = forecast(
+        replace(live, jobs=profiling_since(took + 2000.0), profiling_waits=waits),
+        NO_PREEMPTION,
+        time.perf_counter,
+    )
+    assert overdue["j1"].start_p50 == start
+    early = forecast(replace(live, jobs=pending, profiling_waits=(1.0,)), NO_PREEMPTION, time.perf_counter)
     assert early["j1"].start_p50 == start
+
+
+def test_profiling_left_is_what_the_longer_runs_took_beyond_the_time_already_taken() -> None:
+    live = capture(started(2.0).machine, 2.0)
+    assert replace(live, profiling_waits=()).profiling_left(0.0) == 0.0
+    runs = replace(live, profiling_waits=(60.0, 90.0, 120.0, 600.0))
+    assert runs.profiling_left(0.0) == 105.0  # the median of all
+    assert runs.profiling_left(100.0) == 260.0  # of 20 and 500
+    assert runs.profiling_left(600.0) == 0.0
 
 
 def test_sampled_rate_errors_spread_the_forecast_and_seeds_repeat_it() -> None:

@@ -152,7 +152,7 @@ def test_the_forecasts_greedy_plan_keeps_a_job_for_one_server_on_one() -> None:
 def test_a_what_if_job_is_held_back_for_its_profiling_unless_it_has_no_runtime() -> None:
     # as the machine takes a submission: a job with the runtime is profiled first (the forecast holds
     # it back by the latest profiling time), one without is queued at once and not held
-    live = replace(live_state(), profiling_s=1e7)  # longer than any wait here: the hold shows
+    live = replace(live_state(), profiling_waits=(1e7,))  # longer than any wait here: the hold shows
     profiled = with_new_job(live, spec_like(live, "j2"))
     plain = with_new_job(live, spec_like(live, "j2", runtime=False))
     assert profiled.jobs[-1].state == JobState.PENDING and plain.jobs[-1].state == JobState.QUEUED

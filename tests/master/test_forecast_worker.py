@@ -46,7 +46,9 @@ def logged(sim: Simulation) -> LoggedEstimator:
 
 def forecaster(sim: Simulation) -> Forecaster:
     config = SimpleNamespace(scheduler=CLUSTER.scheduler, master=SimpleNamespace(planner="process"))
-    ctl = SimpleNamespace(config=config, machine=sim.machine, clock=lambda: sim.now, forecasts={})
+    ctl = SimpleNamespace(
+        config=config, machine=sim.machine, clock=lambda: sim.now, forecasts={}, next_round_at=None
+    )
     return Forecaster(ctl, SETTINGS)  # type: ignore[arg-type]
 
 
@@ -206,3 +208,17 @@ def test_a_worker_without_the_jobs_is_sent_them_ahead_in_slices(monkeypatch: pyt
     assert jobs == 3 and calls.count("preload_jobs") == 2  # every job, two a call
     assert calls[-1] == "forecast_following" and len(fc.held) == jobs
     assert fc.ctl.forecasts == whole_state_forecast(sim, fc)
+
+
+def test_the_futures_plan_first_at_the_round_loops_next_tick_not_a_whole_round_from_now() -> None:
+    sim = started(3000.0)
+    fc = forecaster(sim)
+    try:
+        round_s = CLUSTER.scheduler.round_seconds
+        assert fc.capture(sim.now).next_round == sim.now + round_s  # no tick seen yet: a round from now
+        fc.ctl.next_round_at = sim.now + 7.0
+        assert fc.capture(sim.now).next_round == sim.now + 7.0
+        fc.ctl.next_round_at = sim.now - 3.0  # a round running late starts as soon as it can
+        assert fc.capture(sim.now).next_round == sim.now
+    finally:
+        fc.close()

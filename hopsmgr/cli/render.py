@@ -234,6 +234,22 @@ def job_detail(job: Mapping[str, Any]) -> str:
         parts.append(table(headers, rows, indent="  "))
     else:
         parts.append("  (none)")
+    measured = job.get("throughput") or []
+    if measured:  # samples/s per placement: measured, and what the estimator expected
+        parts.append("\nthroughput (samples/s):")
+        measured_rows = [
+            (
+                placement(t.get("placement")),
+                number(t.get("measured_last"), 1),
+                number(t.get("measured_mean"), 1),
+                number(t.get("samples")),
+                number(t.get("expected_last"), 1),
+                number(t.get("estimate_now"), 1),
+            )
+            for t in measured
+        ]
+        columns = ("PLACEMENT", "LAST", "MEAN", "SAMPLES", "EXPECTED THEN", "ESTIMATE NOW")
+        parts.append(table(columns, measured_rows, indent="  "))
     return "\n".join(parts)
 
 
@@ -330,7 +346,8 @@ def explain_text(doc: Mapping[str, Any]) -> str:
     parts = [f"job {doc.get('id', DASH)}", key_values(pairs, indent="  ")]
     candidates = doc.get("candidates") or []
     chosen = doc.get("chosen")
-    parts.append("  candidates:")
+    # the plan's figures, as of its round: the estimates learn between rounds
+    parts.append("  candidates (as the last round weighed them):")
     if candidates:
         rows = [
             (

@@ -70,12 +70,14 @@ class AttemptRow:
 
 @dataclass(frozen=True, slots=True)
 class ThroughputSample:
-    """A throughput the estimator took in, for the job's history."""
+    """A throughput the estimator took in, for the job's history, beside what the estimator expected
+    there just before (None: it had no estimate), so the history outlives the job's estimates."""
 
     job_id: JobId
     at: float
     placement: Config
     samples_per_s: float
+    estimated_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

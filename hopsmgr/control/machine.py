@@ -482,8 +482,11 @@ class SchedulerMachine:
         if event.samples_per_s > 0 and self._now - attempt.last_observed >= self.settings.observe_every_s:
             attempt.last_observed = self._now
             servers = {sid: self.state.nodes[sid].server for sid in attempt.placement.servers}
+            expected = self.estimator.config_rate(job.spec, attempt.placement, servers)
             self.estimator.observe(job.id, attempt.placement, servers, event.samples_per_s, job=job.spec)
-            self._records.append(ThroughputSample(job.id, self._now, attempt.placement, event.samples_per_s))
+            self._records.append(
+                ThroughputSample(job.id, self._now, attempt.placement, event.samples_per_s, expected)
+            )
             if event.td_s > 0 and not spans_types(attempt.placement, servers):
                 # (on a placement across types the primary's batch is its share, not the job's batch)
                 gpu_type = self.state.nodes[attempt.primary].server.gpu_type

@@ -98,6 +98,19 @@ ATTEMPT = answer(
 EVENT = answer(
     "JobEvent", {"time": Num(), "kind": TEXT, "state": Nullable(STATES), "message": Nullable(TEXT)}
 )
+THROUGHPUT = answer(
+    "Throughput",
+    {
+        "placement": PLACEMENT,
+        "samples": Int(1, description="measurements taken on this placement"),
+        "measured_last": Num(description="samples/s, the latest measurement"),
+        "measured_mean": Num(description="samples/s, the mean of the measurements"),
+        "expected_last": Nullable(
+            Num(description="samples/s the estimator expected just before the latest measurement")
+        ),
+        "estimate_now": Nullable(Num(description="samples/s the estimator expects now (live jobs only)")),
+    },
+)
 JOB_DETAIL = answer(
     "JobDetail",
     {
@@ -118,6 +131,7 @@ JOB_DETAIL = answer(
         ),
         "history": Arr(EVENT, MANY),
         "attempts": Arr(ATTEMPT, MANY),
+        "throughput": Arr(THROUGHPUT, MANY),
     },
 )
 JOB_LIST = answer("JobList", {"jobs": Arr(JOB_SUMMARY, MAX_LIMIT)})
@@ -168,7 +182,18 @@ EXPLAIN = answer(
         "window": Nullable(COUNT),
         "sensitivity": Nullable(Num()),
         "may_span": Nullable(Bool()),
-        "candidates": Arr(answer("Candidate", {"config": Anything(), "rate": Num(), "value": Num()}), MANY),
+        "candidates": Arr(
+            answer(
+                "Candidate",
+                {
+                    "config": Anything(),
+                    "rate": Num(description="samples/s as the last round (`round`) estimated it"),
+                    "value": Num(),
+                },
+            ),
+            MANY,
+            description="the configurations the last round weighed (the estimates have learned since)",
+        ),
         "chosen": Anything(description="the chosen configuration, or null"),
         "note": Nullable(TEXT),
         "placement": Nullable(PLACEMENT),

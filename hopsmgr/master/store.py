@@ -103,6 +103,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE jobs ADD COLUMN mem_mb INTEGER;
     ALTER TABLE jobs ADD COLUMN cpus REAL;
     """,
+    # 5: beside each measured throughput, what the estimator expected there just before (NULL: no
+    # estimate; rows of older stores), so an ended job's history still compares the two
+    """
+    ALTER TABLE throughput ADD COLUMN estimated_per_s REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 _JSON_COLUMNS = {"spec", "command", "env", "placement", "calibration", "devices"}
@@ -570,10 +575,18 @@ class Store:
                 )
         return out
 
-    def add_throughput(self, job_id: str, time: float, placement: Mapping[str, int], rate: float) -> None:
+    def add_throughput(
+        self,
+        job_id: str,
+        time: float,
+        placement: Mapping[str, int],
+        rate: float,
+        estimate: float | None = None,
+    ) -> None:
         self._exec(
-            "INSERT INTO throughput (job_id, time, placement, samples_per_s) VALUES (?, ?, ?, ?)",
-            (job_id, time, json.dumps(dict(placement), sort_keys=True), rate),
+            "INSERT INTO throughput (job_id, time, placement, samples_per_s, estimated_per_s)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (job_id, time, json.dumps(dict(placement), sort_keys=True), rate, estimate),
         )
 
     def throughput(self, job_id: str) -> list[Row]:

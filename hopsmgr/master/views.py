@@ -142,8 +142,35 @@ def job_detail(ctl: Controller, row: dict[str, Any]) -> dict[str, Any]:
             }
             for a in attempts
         ],
+        throughput=throughput_history(ctl, row["id"]),
     )
     return out
+
+
+def throughput_history(ctl: Controller, job_id: str) -> list[dict[str, Any]]:
+    """The job's measured throughput per placement (oldest first), beside what the estimator expected
+    there just before the latest measurement (stored with it: kept after the job ends) and what it
+    estimates there now (live jobs only)."""
+    groups: dict[tuple[tuple[str, int], ...], dict[str, Any]] = {}
+    for r in ctl.store.throughput(job_id):
+        group = groups.setdefault(
+            tuple(sorted(r["placement"].items())),
+            {"placement": r["placement"], "rates": [], "expected": None},
+        )
+        group["rates"].append(r["samples_per_s"])
+        if r.get("estimated_per_s") is not None:
+            group["expected"] = r["estimated_per_s"]
+    return [
+        {
+            "placement": g["placement"],
+            "samples": len(g["rates"]),
+            "measured_last": round(g["rates"][-1], 4),
+            "measured_mean": round(sum(g["rates"]) / len(g["rates"]), 4),
+            "expected_last": None if g["expected"] is None else round(g["expected"], 4),
+            "estimate_now": placement_estimate(ctl, job_id, g["placement"]),
+        }
+        for g in groups.values()
+    ]
 
 
 async def latest_log(ctl: Controller, row: dict[str, Any], tail: int) -> tuple[str | None, str]:

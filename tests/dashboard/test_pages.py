@@ -87,3 +87,31 @@ def test_the_job_pages_throughput_has_an_estimate_for_a_placement_over_several_s
     html = pages._throughput(job, measured, explained)
     rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
     assert "977.6" in rows["k80×1, v100×1"] and "977.6" not in rows["p100×1, v100×1"], rows
+
+
+def cells(row: str) -> list[str]:
+    return [c.split(">")[-1] for c in row.split("</td>")[:-1]]
+
+
+def test_the_job_pages_throughput_shows_what_it_holds_before_it_is_measured_there() -> None:
+    # a placement over two servers just started: no measurement yet, its estimate has a row of its own
+    job = {"gpus": [2], "placement": {"k80": 1, "v100": 1}}
+    explained = {"estimates": {"v100": 500.0}, "estimates_by_count": {}, "placement_estimate": 977.6}
+    html = pages._throughput(job, [], explained)
+    rows = {cells(r)[0]: cells(r) for r in html.split("<tr>")[2:]}
+    assert rows["k80×1, v100×1"] == ["k80×1, v100×1", "–", "–", "0", "–", "977.6"], rows
+    assert rows["v100×2"][-1] == "500.0"
+
+
+def test_an_ended_jobs_throughput_keeps_what_was_expected_beside_what_was_measured() -> None:
+    # the job ended: no estimate now, but each measurement kept the estimator's figure of just before it
+    job = {"gpus": [1], "placement": None}
+    measured = [
+        {"placement": {"n1": 1}, "samples_per_s": 380.0, "estimated_per_s": 508.0},
+        {"placement": {"n1": 1}, "samples_per_s": 381.0, "estimated_per_s": 379.8},
+        {"placement": {"n2": 1}, "samples_per_s": 190.0, "estimated_per_s": None},
+    ]
+    html = pages._throughput(job, measured, {"estimates": {}, "estimates_by_count": {}})
+    rows = {cells(r)[0]: cells(r) for r in html.split("<tr>")[2:]}
+    assert rows["n1×1"] == ["n1×1", "381.0", "380.5", "2", "379.8", "–"], rows
+    assert rows["n2×1"][4:] == ["–", "–"]

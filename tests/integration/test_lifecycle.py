@@ -17,7 +17,14 @@ def test_submit_profile_run_complete(cluster: LocalCluster) -> None:
     assert len(runs) == 1 and runs[0]["exit_code"] == 0
     logs = cluster.api("GET", f"/api/v1/jobs/{job_id}/logs")
     assert "final checksum" in logs["log"]
-    assert cluster.cli("show", job_id).stdout.count("completed") >= 1
+    shown = cluster.cli("show", job_id).stdout
+    assert shown.count("completed") >= 1
+    # its measured throughput outlives its estimates: beside each, what the estimator expected there
+    # from the profiles just before (no estimate now: the job ended)
+    (measured,) = job["throughput"]
+    assert measured["placement"] == runs[0]["placement"] and measured["samples"] >= 1
+    assert measured["expected_last"] > 0 and measured["estimate_now"] is None
+    assert "throughput (samples/s):" in shown and "EXPECTED THEN" in shown
 
 
 def test_a_new_job_is_profiled_on_every_gpu_type_in_one_plan(cluster: LocalCluster) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from hopsmgr.master.pgstore import DeposedError, PgStore, pg_ddl, pg_sql
 from hopsmgr.master.settings import MasterSettings
-from hopsmgr.master.store import SCHEMA_VERSION, Store, StoreError, hash_token, open_store
+from hopsmgr.master.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, hash_token, open_store
 from tests.helpers.postgres import PgBouncer, PostgresServer
 from tests.master.conftest import Backend
 
@@ -196,6 +196,7 @@ def test_every_row_kind_round_trips_with_its_types(backend: Backend) -> None:
         store.add_profile("j-1", "v100", {"td": 1.5}, {"compute_factor": 1.0}, now)
         store.add_profile("j-1", "v100", {"td": 2.5}, {"compute_factor": 1.0}, now)
         store.add_throughput("j-1", now, {"n1": 2}, 12.5)
+        store.add_throughput("j-1", now + 1, {"n1": 2}, 12.75, 12.123456789)
         store.add_round(
             {
                 "time": now,
@@ -218,7 +219,9 @@ def test_every_row_kind_round_trips_with_its_types(backend: Backend) -> None:
     (node,) = store.nodes()
     assert (node["gpus"], node["drained"], node["last_beat"]) == (4, 0, now)
     assert [p["profile"] for p in store.profiles(["j-1"])] == [{"td": 2.5}]
-    assert [t["placement"] for t in store.throughput("j-1")] == [{"n1": 2}]
+    assert [t["placement"] for t in store.throughput("j-1")] == [{"n1": 2}, {"n1": 2}]
+    # the estimate beside a measurement: none, then one kept to the last digit
+    assert [t["estimated_per_s"] for t in store.throughput("j-1")] == [None, 12.123456789]
     assert store.rounds()[0]["time"] == now
     store.add_token("another-secret-token", "ana", "t", True, now)
     assert store.count_tokens(admin=True) == 1 and store.count_tokens() == 1
@@ -356,3 +359,26 @@ def test_the_estimator_state_is_written_as_json_dumps_would_write_it() -> None:
 
     state = {"version": 1, "b": [{"y": 1, "x": [1.5, None]}, {"z": "é"}], "a": [], "c": {"k": 2, "j": 1}}
     assert json_in_pieces(state) == json.dumps(state, sort_keys=True)
+
+
+def test_an_older_stores_throughput_history_is_kept_without_estimates(tmp_path: Path) -> None:
+    """Migration 5 adds the estimate beside each measured throughput; the rows written before it read
+    back with none, and new rows carry theirs."""
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    for migration in MIGRATIONS[:4]:
+        db.executescript(migration)
+    db.execute("PRAGMA user_version = 4")
+    db.execute(
+        "INSERT INTO throughput (job_id, time, placement, samples_per_s) VALUES ('j-1', 1.0, '{\"n1\": 1}', 9.5)"
+    )
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.schema_version == SCHEMA_VERSION
+    store.add_throughput("j-1", 2.0, {"n1": 1}, 9.75, 10.0)
+    assert [(t["samples_per_s"], t["estimated_per_s"]) for t in store.throughput("j-1")] == [
+        (9.5, None),
+        (9.75, 10.0),
+    ]
+    store.close()

@@ -176,10 +176,15 @@ def _timeline(job: Data, now: float) -> str:
 
 
 def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
+    """Measured against estimated: what the estimator expected just before its latest measurement of
+    each placement (kept with it, so an ended job shows it too), and what it estimates now (live jobs)."""
     by_placement: dict[str, list[float]] = {}
+    expected: dict[str, float] = {}
     for row in measured:
         key = ", ".join(f"{k}×{v}" for k, v in sorted(row["placement"].items()))
         by_placement.setdefault(key, []).append(row["samples_per_s"])
+        if row.get("estimated_per_s") is not None:
+            expected[key] = row["estimated_per_s"]
     estimates: dict[str, float] = explained.get("estimates") or {}
     by_count: dict[str, dict[str, float]] = explained.get("estimates_by_count") or {}
     held = ", ".join(f"{k}×{v}" for k, v in sorted((job.get("placement") or {}).items()))
@@ -201,13 +206,20 @@ def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
                 num(values[-1], 1),
                 num(sum(values) / len(values), 1),
                 str(len(values)),
+                num(expected.get(key), 1),
                 num(estimate, 1),
             )
         )
+    shown = set(by_placement)
+    estimate = explained.get("placement_estimate")
+    if held and held not in shown and estimate is not None:  # what it holds, not measured there yet
+        rows.append((e(held), "–", "–", "0", "–", num(estimate, 1)))
+        shown.add(held)
     for node, rate in sorted(estimates.items()):
-        if f"{node}×{least}" not in by_placement:
-            rows.append((e(f"{node}×{least}"), "–", "–", "0", num(rate, 1)))
-    return table(("Placement", "Measured now", "Measured mean", "Samples", "Estimated"), rows, "throughput")
+        if f"{node}×{least}" not in shown:
+            rows.append((e(f"{node}×{least}"), "–", "–", "0", "–", num(rate, 1)))
+    headers = ("Placement", "Measured now", "Measured mean", "Samples", "Expected then", "Estimated now")
+    return table(headers, rows, "throughput")
 
 
 def job(data: Data, who: Principal, csrf: str | None, now: float) -> str:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hopsmgr.control import snapshot as views
 from hopsmgr.control import usage
-from hopsmgr.control.commands import CheckpointAndStop, StopAttempt
+from hopsmgr.control.commands import CheckpointAndStop, ProfilingWaits, StopAttempt
 from hopsmgr.control.records import Attempt, Job, NodeHealth
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import JobState
@@ -297,6 +297,7 @@ def _end_profiling(
         )
         if profiled:  # from when its profiling began (an --after job waits for its dependencies first)
             m.profiling_waits.append(max(0.0, m.now - job.state_since))
+            m.record(ProfilingWaits(tuple(m.profiling_waits)))
         m.set_state(job, JobState.QUEUED, "queued", why.strip())
 
 

@@ -87,7 +87,14 @@ class UsageRecord:
     usage: tuple[tuple[str, float, float], ...]  # (tenant, used, at)
 
 
-Record = JobChange | JobNote | AttemptRow | ThroughputSample | UsageRecord
+@dataclass(frozen=True, slots=True)
+class ProfilingWaits:
+    """The latest jobs' profiling times, PROFILING to QUEUED (seconds, oldest first), after a new one."""
+
+    waits: tuple[float, ...]
+
+
+Record = JobChange | JobNote | AttemptRow | ThroughputSample | UsageRecord | ProfilingWaits
 
 
 @dataclass(frozen=True, slots=True)

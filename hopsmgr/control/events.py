@@ -158,6 +158,7 @@ class StateRestored(Event):
     attempt_seq: int = 0
     drained: frozenset[ServerId] = frozenset()
     usage: tuple[tuple[str, float, float], ...] = ()  # each tenant's (used, at): fair share's memory
+    profiling_waits: tuple[float, ...] = ()  # the latest profiling times (the forecasts' hold)
 
 
 @dataclass(frozen=True, slots=True)

@@ -192,6 +192,7 @@ def on_restored(m: SchedulerMachine, event: StateRestored) -> None:
     m.attempt_seq = max(m.attempt_seq, event.attempt_seq)
     for tenant, used, at in event.usage:
         state.usage[tenant] = TenantUsage(tenant, used, at)
+    m.profiling_waits.extend(event.profiling_waits)
     for job in list(state.jobs.values()):
         if job.state == JobState.PROFILING and not job.profiling:
             new = JobState.QUEUED if m.estimator.profiled_types(job.id) else JobState.FAILED

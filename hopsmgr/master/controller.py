@@ -260,7 +260,10 @@ class Controller:
         )
         for at, sample in json.loads(self.store.meta("tenant_usage_history", "[]")):
             self.usage_history.append((float(at), {str(t): float(u) for t, u in sample.items()}))
-        self.feed(StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained), usage))
+        waits = tuple(float(w) for w in json.loads(self.store.meta("profiling_waits", "[]")))
+        self.feed(
+            StateRestored("restore", tuple(jobs), tuple(attempts), seq, frozenset(drained), usage, waits)
+        )
         log.info("master_opened", epoch=self.epoch, live_jobs=len(jobs), open_attempts=len(attempts))
 
     def calibration_moved(self, gpu_type: str) -> None:

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from hopsmgr.control.commands import AttemptRow, JobChange, JobNote, ThroughputSample, UsageRecord
+from hopsmgr.control.commands import (
+    AttemptRow,
+    JobChange,
+    JobNote,
+    ProfilingWaits,
+    ThroughputSample,
+    UsageRecord,
+)
 from hopsmgr.core.lifecycle import TERMINAL, JobState
 from hopsmgr.master.state import attempt_seq, job_row, store_counters
 from hopsmgr.master.store import Store
@@ -59,6 +66,8 @@ def record_ops(ctl: Controller, records: Sequence[object], stimulus: str, ops: l
             ctl.throughput.append(record)
         elif isinstance(record, UsageRecord):
             _usage(ctl, record, ops)
+        elif isinstance(record, ProfilingWaits):  # so a restarted master's forecasts hold new jobs too
+            ops.append(partial(_store_meta_json, key="profiling_waits", value=list(record.waits)))
     if ctl.attempt_high > ctl.attempt_meta:  # the highest attempt number stored (read at open)
         ops.append(partial(Store.set_meta, key="attempt", value=str(ctl.attempt_high)))
         ctl.attempt_meta = ctl.attempt_high

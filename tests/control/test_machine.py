@@ -15,6 +15,7 @@ from hopsmgr.control.commands import (
     Persist,
     PlanRequest,
     PlanSoon,
+    ProfilingWaits,
     Reply,
     StartProfiling,
     StopAttempt,
@@ -33,6 +34,7 @@ from hopsmgr.control.events import (
     NodeReported,
     RoundTick,
     RunReport,
+    StateRestored,
 )
 from hopsmgr.control.machine import ControlSettings
 from hopsmgr.control.planning import STARVED_ROUNDS
@@ -79,9 +81,15 @@ def test_the_machine_keeps_how_long_profiling_took_each_job_for_the_forecasts(ha
     for run in runs:
         harness.feed(AttemptStarted(harness.stimulus(), run.attempt_id))
         assert not harness.machine.profiling_waits  # not queued before its last profiling run ends
-        harness.feed(AttemptEnded(harness.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+        out = harness.feed(AttemptEnded(harness.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
     assert harness.machine.state.jobs["j1"].state == JobState.QUEUED
     assert list(harness.machine.profiling_waits) == [30.0]
+    # recorded for the store, so a master that restarts holds new jobs by them too
+    records = [r for c in out if isinstance(c, Persist) for r in c.records]
+    assert [r for r in records if isinstance(r, ProfilingWaits)] == [ProfilingWaits((30.0,))]
+    restarted = Harness()
+    restarted.feed(StateRestored("restore", profiling_waits=(30.0, 45.0)))
+    assert list(restarted.machine.profiling_waits) == [30.0, 45.0]
 
 
 def test_submission_limits_are_decided_by_the_machine() -> None:

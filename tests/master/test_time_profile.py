@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from hopsmgr.config import ClusterConfig
+from hopsmgr.control.commands import ProfilingWaits
 from hopsmgr.core.estimator import Estimator, expected_iteration_time
 from hopsmgr.core.model import Calibration, ModelError, Server
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.master import persist
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.state import time_profile
 from hopsmgr.master.store import Store
+from hopsmgr.master.writer import Op
 from hopsmgr.runtime import Runtime, Settings
 from tests.control.test_drivers import NoExecutor
 from tests.master.test_store import job_row
@@ -97,4 +100,22 @@ def test_a_restarted_master_reads_a_live_jobs_stored_profile_again(tmp_path: Pat
     ctl.open(str(tmp_path / "checkpoints"))
     found = ctl.estimator.profile_of("j-000001", "v100")
     assert found is not None and found[0] == time_profile(raw) and found[0].pattern == 2
+    store.close()
+
+
+def test_a_restarted_master_holds_new_jobs_by_the_profiling_times_it_stored(tmp_path: Path) -> None:
+    # the machine's record of the latest profiling times is written to the store's meta table, and the
+    # master that opens the store again hands them to its machine (the forecasts' hold of new jobs)
+    config = ClusterConfig("restart", (Server("n1", "v100", 2),), SchedulerSettings(), ())
+    store = Store(tmp_path / "state.db")
+    first = Controller(config, store, NoExecutor(), clock=lambda: 10.0)  # type: ignore[arg-type]
+    first.open(str(tmp_path / "checkpoints"))
+    ops: list[Op] = []
+    persist.record_ops(first, [ProfilingWaits((30.0, 45.5))], "test", ops)
+    first.store_ops(ops)
+    store.close()
+    store = Store(tmp_path / "state.db")
+    again = Controller(config, store, NoExecutor(), clock=lambda: 20.0)  # type: ignore[arg-type]
+    again.open(str(tmp_path / "checkpoints"))
+    assert list(again.machine.profiling_waits) == [30.0, 45.5]
     store.close()

@@ -10,8 +10,8 @@ a copy of a job submitted within the window (live, or completed since: `_arrival
 then runs as in any simulation; `started` and `finished` record when each job launched and completed.
 
 What a forecast assumes: waiting jobs not yet profiled have the profile of the latest profiled job
-(of the same model when there is one) and are queued at once (hopsmgr.forecast.run then holds their
-start back to when their profiling would end, `LiveState.profiling_left`); plans are made by
+(of the same model when there is one) and arrive in the future when their profiling would end
+(`LiveState.profiling_left`), queued at once then, their waits counted from their submission; plans are made by
 hopsmgr.forecast.policy (the Hops planner for the first plans, then Hops' order, greedy placement).
 """
 
@@ -175,7 +175,18 @@ class Future(Simulation):
                     continue  # nothing to go by: no forecast for it
             self.forecastable.add(job.id)
         templates = {j.id: j.spec for j in jobs}
-        workload = [_workload(j.spec, j.spec.submit_time, j.id) for j in jobs]
+        # [ours] a job not profiled yet arrives in this future when its profiling would end (it takes
+        # no GPUs of the plan before then), keeping its submission time (its wait counts from it)
+        self.held = {
+            j.id: ready
+            for j in jobs
+            if j.id in self.forecastable
+            and j.state in (JobState.PENDING, JobState.PROFILING)
+            and j.spec.runtime
+            and (ready := live.now + live.profiling_left(_profiling_for(j, live.now))) > live.now
+        }
+        self._submitted = {j.id: j.submitted for j in jobs if j.id in self.held}
+        workload = [_workload(j.spec, self.held.get(j.id, j.spec.submit_time), j.id) for j in jobs]
         specs = dict(templates)
         ended: list[EndedJob] = []
         if options.arrivals and profiled and live.recent:
@@ -216,6 +227,9 @@ class Future(Simulation):
             estimator=estimator,
             tenants={t.name: t for t in live.tenants},
         )
+        for job in jobs:
+            if job.id in self.held:  # it arrives as it is, not as the workload row would make it
+                self.jobs[job.id].spec = job.spec
         self.started: dict[str, float] = {}
         self.finished: dict[str, float] = {}
         self.open = {j.id for j in jobs}  # live jobs not ended yet in this future
@@ -228,7 +242,7 @@ class Future(Simulation):
             if job.state in (JobState.PENDING, JobState.PROFILING):
                 job.state = JobState.QUEUED  # the forecast's assumption: its profiling is done
             job.profiling = set()
-            if job.id in self.forecastable:
+            if job.id in self.forecastable and job.id not in self.held:
                 restored.append(job)
         kept = {j.id for j in restored}
         attempts = [a for a in copy.deepcopy(list(live.attempts)) if not a.profiling and a.job_id in kept]
@@ -238,9 +252,9 @@ class Future(Simulation):
         by_id = {j.id: j for j in restored}
         for attempt in attempts:
             self._go_on(attempt, by_id[attempt.job_id], live.now)
-        self.open &= kept
+        self.open &= kept | set(self.held)
         self._live = len(restored)
-        skipped = {j.id for j in jobs} - kept
+        skipped = {j.id for j in jobs} - kept - set(self.held)
         self.order = [j for j in self.order if j.spec.id not in skipped]
         self.resume_at(max(live.now, live.next_round), frozenset(kept))
 
@@ -290,6 +304,13 @@ class Future(Simulation):
         super()._launch(command)
         self._pending.append(AttemptStarted("future-started", command.attempt_id))
 
+    def _arrive(self, job: Any) -> None:
+        super()._arrive(job)
+        submitted = self._submitted.get(job.spec.id)
+        record = self.machine.state.jobs.get(job.spec.id)
+        if submitted is not None and record is not None:
+            record.submitted = submitted  # as live: its wait counts from its submission
+
     def _changed(self, change: JobChange) -> None:
         super()._changed(change)
         if change.new == JobState.LAUNCHING:
@@ -312,6 +333,11 @@ class Future(Simulation):
             self.advance(until=lambda: not self.open)
         else:
             self.advance(until=lambda: only not in self.open)
+
+
+def _profiling_for(job: Job, now: float) -> float:
+    """How long the job's profiling has taken so far (0: a PENDING job's has not begun)."""
+    return max(0.0, now - job.state_since) if job.state == JobState.PROFILING else 0.0
 
 
 def _workload(spec: JobSpec, at: float, model: str, job_id: str | None = None) -> WorkloadJob:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.future import WAITING, Future, FutureOptions, JobForecast, LiveState, quantile
 
 Timer = Callable[[], float]
@@ -47,16 +46,6 @@ def forecast(
     """Every live job's forecast, or (`only`) that one job's: each future then stops once it ended."""
     t0 = timer()
     waiting = {j.id for j in live.jobs if j.state in WAITING}
-    # [ours] the futures queue a job not yet profiled at once; it starts no sooner than its profiling
-    # would end: a PENDING job after as long as the latest jobs' profiling took (their median), one
-    # PROFILING for a while after what those that took longer still took beyond it. Its start moves
-    # there in each future, and its finish with it; the other jobs' are left as they are.
-    ready = {
-        j.id: live.now
-        + live.profiling_left(live.now - j.state_since if j.state == JobState.PROFILING else 0.0)
-        for j in live.jobs
-        if j.state in (JobState.PENDING, JobState.PROFILING) and j.spec.runtime
-    }
     starts: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     finishes: dict[str, list[float]] = {j.id: [] for j in live.jobs}
     runs = 0
@@ -78,10 +67,8 @@ def forecast(
         runs += 1
         longest = max(longest, timer() - begun)
         for job_id in future.forecastable if only is None else future.forecastable & {only}:
-            start = future.started.get(job_id, math.inf)
-            late = max(0.0, ready.get(job_id, -math.inf) - start)
-            starts[job_id].append(start + late)
-            finishes[job_id].append(future.finished.get(job_id, math.inf) + late)
+            starts[job_id].append(future.started.get(job_id, math.inf))
+            finishes[job_id].append(future.finished.get(job_id, math.inf))
     out: dict[str, JobForecast] = {}
     for job in live.jobs:
         if only is not None and job.id != only:

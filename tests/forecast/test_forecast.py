@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from hopsmgr.config import parse_cluster_config
+from hopsmgr.control.events import RoundTick
 from hopsmgr.control.records import Job
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
@@ -150,26 +151,31 @@ def test_an_attempt_restored_from_the_store_goes_on_from_the_restore() -> None:
     assert finish == pytest.approx(live.now + (job.spec.total_samples - job.done_samples) / rate, rel=1e-6)
 
 
-def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() -> None:
-    # the futures queue it at once; live, it is profiled first, about as long after its submission as
-    # the latest jobs' profiling took (LiveState.profiling_left): its start, and its finish with it, move
+def test_a_job_not_yet_profiled_arrives_in_the_futures_when_its_profiling_would_end() -> None:
+    # live, it is profiled first, about as long as the latest jobs' profiling took
+    # (LiveState.profiling_left); in the futures it arrives then, its wait counted from its submission,
+    # and takes no GPUs before: the job behind it may take them meanwhile
     sim = started(2.0)
     live = capture(sim.machine, sim.now, next_round=sim.next_round)
     assert live.profiling_waits == ()  # no profiling run in this simulation
     pending = tuple(
-        replace(j, state=JobState.PENDING, submitted=live.now) if j.id == "j1" else j for j in live.jobs
+        replace(j, state=JobState.PENDING, submitted=live.now, state_since=live.now) if j.id == "j1" else j
+        for j in live.jobs
     )
     plain = forecast(replace(live, jobs=pending), NO_PREEMPTION, time.perf_counter)
-    start, finish = plain["j1"].start_p50, plain["j1"].finish_p50
-    assert start is not None and finish is not None
-    ready = start + 3600.0  # its profiling would end an hour after the futures start it
+    start = plain["j1"].start_p50  # when the running j0 ends
+    assert start is not None and plain["j2"].start_p50 == plain["j1"].finish_p50  # j2 after j1
+    ready = start + 3600.0  # its profiling would end an hour after the GPUs free
     took = ready - live.now  # the median of the latest profiling times
-    waits = (took - 600.0, took, took + 600.0)
-    held = forecast(replace(live, jobs=pending, profiling_waits=waits), NO_PREEMPTION, time.perf_counter)
-    assert held["j1"].start_p50 == pytest.approx(ready) and held["j1"].finish_p50 == pytest.approx(
-        finish + 3600
+    held = forecast(
+        replace(live, jobs=pending, profiling_waits=(took - 600.0, took, took + 600.0)),
+        NO_PREEMPTION,
+        time.perf_counter,
     )
-    assert held["j2"].start_p50 == plain["j2"].start_p50  # the others are left as they are
+    j1, j2 = held["j1"], held["j2"]
+    assert j2.start_p50 == pytest.approx(start)  # j2 takes the GPUs j1 is not ready for
+    assert j1.start_p50 is not None and j2.finish_p50 is not None
+    assert j1.start_p50 == pytest.approx(max(ready, j2.finish_p50))  # then j1, no preemption here
 
     def profiling_since(ago: float) -> tuple[Job, ...]:
         return tuple(
@@ -177,14 +183,18 @@ def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() 
             for j in live.jobs
         )
 
-    # a job profiling for a while is held by what the runs that took longer still took beyond that:
-    # after an hour, the median of took + 600 - 3600 and took + 1200 - 3600 (the 600-s run is left out)
+    # a job profiling for a while arrives after what the runs that took longer still took beyond its
+    # time so far: after an hour, the median of took + 600 - 3600 and took + 1200 - 3600 (the 600-s run
+    # is left out)
     waits = (600.0, took + 600.0, took + 1200.0)
     begun = forecast(
         replace(live, jobs=profiling_since(3600.0), profiling_waits=waits), NO_PREEMPTION, time.perf_counter
     )
-    assert begun["j1"].start_p50 == pytest.approx(live.now + took - 2700.0)
-    # one profiling for longer than any run known is not held back, nor one whose run would have ended
+    b1, b2 = begun["j1"], begun["j2"]
+    assert b1.start_p50 is not None and b2.finish_p50 is not None
+    assert b2.start_p50 == pytest.approx(start)
+    assert b1.start_p50 == pytest.approx(max(live.now + took - 2700.0, b2.finish_p50))
+    # one profiling for longer than any run known arrives at once, as one whose run would have ended
     overdue = forecast(
         replace(live, jobs=profiling_since(took + 2000.0), profiling_waits=waits),
         NO_PREEMPTION,
@@ -192,7 +202,24 @@ def test_a_job_not_yet_profiled_starts_no_sooner_than_its_profiling_would_end() 
     )
     assert overdue["j1"].start_p50 == start
     early = forecast(replace(live, jobs=pending, profiling_waits=(1.0,)), NO_PREEMPTION, time.perf_counter)
-    assert early["j1"].start_p50 == start
+    assert early["j1"].start_p50 == start and early["j2"].start_p50 == plain["j2"].start_p50
+
+
+def test_a_held_job_keeps_its_submission_time_in_the_future() -> None:
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    pending = tuple(
+        replace(j, state=JobState.PENDING, state_since=live.now) if j.id == "j1" else j for j in live.jobs
+    )
+    submitted = next(j.submitted for j in pending if j.id == "j1")
+    assert submitted < live.now
+    held = replace(live, jobs=pending, profiling_waits=(500.0,))
+    future = Future(held, 0, GREEDY, Estimator.from_state(held.estimator))
+    assert future.held == {"j1": live.now + 500.0} and "j1" not in future.machine.state.jobs
+    future.feed(RoundTick("future-fragment", "fragment"))
+    future.advance(until=lambda: "j1" in future.machine.state.jobs)
+    assert future.now == pytest.approx(live.now + 500.0)
+    assert future.machine.state.jobs["j1"].submitted == submitted  # its wait counts from then, as live
 
 
 def test_profiling_left_is_what_the_longer_runs_took_beyond_the_time_already_taken() -> None:

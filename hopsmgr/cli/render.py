@@ -125,12 +125,20 @@ def forecast_span(
         return DASH
     made = float(forecast.get("made") or 0.0)
     known = forecast.get(f"{what}_p50") is not None
-    # a P90 left open beside a P50 (past the horizon, or one the calibration cannot bound) is "open"
+    beyond = _beyond(forecast, made)
+    # a P90 left open beside a P50 (past the horizon, or one the calibration cannot bound) is "open";
+    # a quantile no future reached within its horizon is ">14d"
     values = [(forecast.get(f"{what}_{q}"), q) for q in quantiles]
     return "/".join(
-        ("open" if q == "p90" and known else DASH) if v is None else duration(max(0.0, float(v) - made))
+        ("open" if q == "p90" and known else beyond) if v is None else duration(max(0.0, float(v) - made))
         for v, q in values
     )
+
+
+def _beyond(forecast: Mapping[str, Any], since: float) -> str:
+    """A quantile past every future's horizon: ">14d" (from `since`), or "-" where none is given."""
+    horizon = forecast.get("horizon")
+    return DASH if horizon is None else f">{duration(max(0.0, float(horizon) - since))}"
 
 
 def queue_table(jobs: Sequence[Mapping[str, Any]]) -> str:
@@ -256,10 +264,18 @@ def job_detail(job: Mapping[str, Any]) -> str:
 def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool = False) -> str:
     """`aged`: say how long ago the forecast was made (its waits count from then, and a live job's
     forecast is renewed only while some job waits)."""
-    if not forecast or (forecast.get(f"{what}_p50") is None and forecast.get(f"{what}_p90") is None):
+    if not forecast:
         return DASH
     made = forecast.get("made")
     now = time.time()
+    if forecast.get(f"{what}_p50") is None and forecast.get(f"{what}_p90") is None:
+        if forecast.get("horizon") is None or not forecast.get("futures"):
+            return DASH
+        since = now if aged else float(made or now)
+        return (
+            f"not within {_beyond(forecast, since)[1:]} (in none of {number(forecast.get('futures'))}"
+            " sampled futures, or too few of them, within their horizon)"
+        )
     if aged:  # waits from now, not from when it was made (a round's forecast reads as current)
         forecast = {**forecast, "made": now}
     p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
@@ -323,6 +339,7 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         round_line = (
             f"{timestamp(last.get('time'))} ({last.get('kind', DASH)}, {last.get('method', DASH)}{proof})"
         )
+    forecast = doc.get("forecast")
     pairs = [
         ("state", str(doc.get("state", DASH))),
         ("queue position", number(doc.get("position"))),
@@ -338,8 +355,14 @@ def explain_text(doc: Mapping[str, Any]) -> str:
         ("profiled on", ", ".join(doc.get("profiled_types") or []) or DASH),
         ("no runtime", value_text(doc.get("without_runtime"))),
         ("waits for", ", ".join(doc.get("waits_for") or []) or DASH),
-        ("forecast start", _forecast_line(doc.get("forecast"), "start", aged=True)),
-        ("forecast end", _forecast_line(doc.get("forecast"), "finish", aged=True)),
+        # (a job that no longer waits has no start to forecast)
+        (
+            "forecast start",
+            _forecast_line(
+                None if doc.get("state") not in (*WAITING, None) else forecast, "start", aged=True
+            ),
+        ),
+        ("forecast end", _forecast_line(forecast, "finish", aged=True)),
         *_what_if_lines(doc.get("what_if")),
         ("last round", round_line),
     ]

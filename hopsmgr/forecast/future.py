@@ -256,6 +256,10 @@ class Future(Simulation):
         self._live = len(restored)
         skipped = {j.id for j in jobs} - kept - set(self.held)
         self.order = [j for j in self.order if j.spec.id not in skipped]
+        if self.order:  # the engine counts its horizon from the last arrival: here it counts from now
+            # at least, so a job no future started was not started within it
+            behind = max(0.0, live.now - self.order[-1].w.arrival_s)
+            self.options = replace(self.options, max_sim_s=options.horizon_s + behind)
         self.resume_at(max(live.now, live.next_round), frozenset(kept))
 
     def _go_on(self, attempt: Attempt, job: Job, now: float) -> None:
@@ -445,6 +449,8 @@ class JobForecast:
     finish_p90: float | None
     futures: int
     made: float
+    # how far every future looked (Unix time): a null quantile says "not before this" (None: unknown)
+    horizon: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {
@@ -456,6 +462,7 @@ class JobForecast:
             "finish_p90": self.finish_p90,
             "futures": self.futures,
             "made": self.made,
+            "horizon": self.horizon,
         }
 
 

@@ -86,5 +86,6 @@ def forecast(
             finish_p90=quantile(f, 0.9),
             futures=len(f),
             made=live.now,
+            horizon=live.now + settings.future.horizon_s,
         )
     return out

@@ -60,6 +60,9 @@ FORECAST = Nullable(
             **{f"{what}_{q}": Nullable(Num()) for what in ("start", "finish") for q in ("p10", "p50", "p90")},
             "futures": COUNT,
             "made": Num(),
+            "horizon": Nullable(
+                Num(description="how far the futures looked: a null quantile says not before this")
+            ),
         },
     )
 )

@@ -65,6 +65,21 @@ def test_an_open_p90_beside_a_p50_is_shown_open_and_no_p50_as_a_dash() -> None:
     never = {"start_p10": None, "start_p50": None, "start_p90": None, "made": 1000.0}
     assert render.forecast_span(opened, "start") == "1m00s/open"
     assert render.forecast_span(never, "start") == "-/-"
+    # where the answer says how far the futures looked, a quantile none of them reached is past it
+    beyond = never | {"horizon": 1000.0 + 14 * 86400}
+    assert render.forecast_span(beyond, "start") == ">14d00h/>14d00h"
+    assert render.forecast_span(opened | {"horizon": 1000.0 + 14 * 86400}, "start") == "1m00s/open"
+
+
+def test_explain_says_a_start_no_future_reached_is_past_the_horizon_and_a_running_job_has_none() -> None:
+    now = time.time()
+    beyond = {"start_p10": None, "start_p50": None, "start_p90": None, "finish_p50": None,
+              "finish_p90": None, "futures": 3, "made": now, "horizon": now + 14 * 86400 + 1800}  # fmt: skip
+    line = render.explain_text({"id": "j", "state": "QUEUED", "forecast": beyond})
+    assert "forecast start: not within 14d00h (in none of 3 sampled futures" in line, line
+    assert "forecast end:   not within 14d00h" in line, line
+    running = render.explain_text({"id": "j", "state": "RUNNING", "forecast": beyond})
+    assert "forecast start: -" in running and "forecast end:   not within 14d" in running, running
 
 
 def test_explain_counts_a_forecasts_waits_from_now_also_without_its_made() -> None:

@@ -43,6 +43,11 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     assert "in 10m 00s <small>P90 open</small>" in page
     assert "in 2h" in page
     assert page.count("in – <small>P90 –</small>") == 2  # j2's start and finish
+    # where the forecast says how far the futures looked: past it
+    beyond = dict(never, horizon=now + 14 * 86400)
+    data = {"jobs": [waiting("j3", beyond)], "reasons": {}}
+    page = pages.queue(data, Principal("ana", "vision"), None, now)
+    assert page.count("after 14d 0h") == 2, page
 
 
 def test_the_queue_page_shows_the_rough_wait_only_where_there_is_no_start_forecast() -> None:

@@ -560,3 +560,22 @@ def test_the_arrival_window_is_cut_to_when_submissions_began_to_be_noted() -> No
         arrivals = sorted(j.w.arrival_s for j in future.order if j.w.job_id.startswith("f-"))
         drawn[name] = sum(1 for t in arrivals if t <= now + 3600.0)  # in the next hour: ~60 and ~15
     assert drawn["cut"] > 40 and drawn["whole"] < 30, drawn
+
+
+def test_the_horizon_counts_from_now_and_a_start_past_it_is_not_before_it() -> None:
+    # the engine counts its horizon from the last arrival; a forecast made long after the last
+    # submission (no arrivals drawn) looks as far ahead from now all the same
+    sim = started(1000.0, keep_bonus=float("inf"))
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    assert max(j.submitted for j in live.jobs) <= 2.0 < live.now - 900.0
+    whole = forecast(live, NO_PREEMPTION, time.perf_counter)
+    j0_end, j1_start = whole["j0"].finish_p50, whole["j1"].start_p50
+    assert j0_end is not None and j1_start is not None and j1_start >= live.now + 600.0
+    horizon_s = j1_start - live.now + 300.0  # j1 starts 300 s before the horizon, j2 after it
+    short = replace(NO_PREEMPTION, future=replace(NO_PREEMPTION.future, horizon_s=horizon_s))
+    result = forecast(live, short, time.perf_counter)
+    assert result["j1"].start_p50 == pytest.approx(j1_start)  # (was none: the horizon ended ~998 s early)
+    j2 = result["j2"]
+    assert j2.start_p10 is None and j2.start_p50 is None and j2.horizon == live.now + horizon_s
+    assert whole["j2"].start_p50 is not None and whole["j2"].start_p50 > live.now + horizon_s
+    assert j2.as_dict()["horizon"] == live.now + horizon_s

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hopsmgr.master.controller import Principal
+from hopsmgr.master.dashboard.data import WAITING
 from hopsmgr.master.dashboard.history import History
 from hopsmgr.master.dashboard.render import (
     action,
@@ -89,9 +90,14 @@ def _forecast_cells(job: Data, now: float) -> tuple[str, str]:
     f = job.get("forecast")
     if not f:
         return "–", "–"
-    start = f"in {_until(f['start_p50'], now)} <small>P90 {_p90(f, 'start', now)}</small>"
-    finish = f"in {_until(f['finish_p50'], now)} <small>P90 {_p90(f, 'finish', now)}</small>"
-    return start, finish
+    cells = []
+    for what in ("start", "finish"):
+        waits = what == "finish" or job.get("state") in WAITING  # else it has no start to forecast
+        if waits and f[f"{what}_p50"] is None and f.get("horizon") is not None:  # no future reached it
+            cells.append(f"after {_until(f['horizon'], now)}")
+        else:
+            cells.append(f"in {_until(f[f'{what}_p50'], now)} <small>P90 {_p90(f, what, now)}</small>")
+    return cells[0], cells[1]
 
 
 def _p90(f: Data, what: str, now: float) -> str:

@@ -5,7 +5,7 @@ The replay is a Simulation (hopsmgr.sim.engine) of `--cluster` (default configs/
 the paper world (hopsmgr.sim.truth: the ground truth the estimator learns) under the Hops policy, with
 a Poisson workload (`--jobs`, `--rate-per-hour`, hopsmgr.sim.workload). Jobs arrive with their profiles
 (no profiling phase: `--profiling` turns it on, and the forecast then guesses a new job's profile from
-the latest profiled job). At each arrival the live state is captured (hopsmgr.forecast.future.capture)
+the latest profiled job). At each arrival the live state is captured (hopsmgr.forecast.live.capture)
 and forecast (hopsmgr.forecast.run.forecast, `--budget-s`, `--min-futures`, `--max-futures`); the
 arriving job's P10/P50/P90 start is kept. After the run:
 
@@ -55,7 +55,8 @@ from typing import Any
 from hopsmgr.config import load_cluster_config
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.calibrate import Residuals, StartTracker
-from hopsmgr.forecast.future import FutureOptions, capture
+from hopsmgr.forecast.future import FutureOptions
+from hopsmgr.forecast.live import capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.policies.base import HopsPolicy

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hopsmgr.cli.client import ApiClient
-from hopsmgr.cli.render import table, timestamp
+from hopsmgr.cli.text import table, timestamp
 from hopsmgr.protocol import ROLES
 
 API = "/api/v1"

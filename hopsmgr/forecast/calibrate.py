@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
-from hopsmgr.forecast.future import JobForecast
+from hopsmgr.forecast.live import JobForecast
 
 MIN_COUNT = 9  # the fewest residuals for which both conformal bounds below are finite
 TAIL = Fraction(1, 10)  # each bound's miscoverage (exact: ranks must not round up): 80% in all

@@ -22,56 +22,32 @@ import copy
 import itertools
 import math
 import random
-import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hopsmgr.control.commands import JobChange, LaunchAttempt
-from hopsmgr.control.events import AttemptEnded, AttemptStarted, NodeBeat, RoundTick, StateRestored
-from hopsmgr.control.machine import SchedulerMachine
-from hopsmgr.control.records import Attempt, EndedJob, Job, NodeHealth
+from hopsmgr.control.events import (
+    AttemptEnded,
+    AttemptStarted,
+    JobSubmitted,
+    NodeBeat,
+    RoundTick,
+    StateRestored,
+)
+from hopsmgr.control.records import Attempt, EndedJob, Job
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.core.model import JobSpec, JobView, Server, ServerId, TenantQuota
+from hopsmgr.core.model import JobSpec, JobView, Server
 from hopsmgr.core.priority import PriorityContext, remaining_run_s
-from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.forecast.live import WAITING, LiveState
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.world import EstimatedWorld
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED
 from hopsmgr.sim.engine import SimOptions, Simulation, _Run, _RunEnd, job_key
 from hopsmgr.sim.workload import WorkloadJob
 
-WAITING = (JobState.PENDING, JobState.PROFILING, JobState.QUEUED)
-OBSERVED_MIN_S = 3600.0  # the shortest window of submissions a forecast takes the arrival rate over
-
-
-@dataclass(frozen=True, slots=True)
-class LiveState:
-    now: float
-    servers: tuple[Server, ...]  # as the planner sees them
-    usable: dict[ServerId, int]
-    healthy: frozenset[ServerId]  # nodes that take new work (healthy, reachable)
-    drained: frozenset[ServerId]
-    tenants: tuple[TenantQuota, ...]
-    jobs: tuple[Job, ...]
-    attempts: tuple[Attempt, ...]
-    attempt_seq: int
-    estimator: dict[str, Any]  # Estimator.export_state()
-    recent: tuple[float, ...] = ()  # submission times seen lately (the arrival process)
-    window_s: float = 6 * 3600.0  # the span `recent` covers
-    round_s: float = 300.0
-    next_round: float = 0.0
-    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)  # the planner's settings
-    ended: tuple[EndedJob, ...] = ()  # completed jobs submitted within the window (a recent sample)
-    # how long the latest profiled jobs' profiling took, PROFILING to QUEUED (seconds each)
-    profiling_waits: tuple[float, ...] = ()
-
-    def profiling_left(self, elapsed: float) -> float:
-        """How much longer a job's profiling will take once it has taken `elapsed` seconds: the median of
-        what the latest profiling runs that took longer than that took beyond it (0: none took longer)."""
-        longer = [w - elapsed for w in self.profiling_waits if w > elapsed]
-        return statistics.median(longer) if longer else 0.0
+_AFTER_S = 1e-3  # a held job waiting for another held job arrives this long after it
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,14 +153,7 @@ class Future(Simulation):
         templates = {j.id: j.spec for j in jobs}
         # [ours] a job not profiled yet arrives in this future when its profiling would end (it takes
         # no GPUs of the plan before then), keeping its submission time (its wait counts from it)
-        self.held = {
-            j.id: ready
-            for j in jobs
-            if j.id in self.forecastable
-            and j.state in (JobState.PENDING, JobState.PROFILING)
-            and j.spec.runtime
-            and (ready := live.now + live.profiling_left(_profiling_for(j, live.now))) > live.now
-        }
+        self.held = _held(live, [j for j in jobs if j.id in self.forecastable])
         self._submitted = {j.id: j.submitted for j in jobs if j.id in self.held}
         workload = [_workload(j.spec, self.held.get(j.id, j.spec.submit_time), j.id) for j in jobs]
         specs = dict(templates)
@@ -228,7 +197,11 @@ class Future(Simulation):
             tenants={t.name: t for t in live.tenants},
         )
         for job in jobs:
-            if job.id in self.held:  # it arrives as it is, not as the workload row would make it
+            if job.id not in self.held:
+                continue
+            if self.machine.refusal(job.spec) is not None:  # accepted under an older cluster file:
+                del self.held[job.id]  # restored as it is, as the live machine keeps it
+            else:  # it arrives as it is, not as the workload row would make it
                 self.jobs[job.id].spec = job.spec
         self.started: dict[str, float] = {}
         self.finished: dict[str, float] = {}
@@ -254,12 +227,13 @@ class Future(Simulation):
             self._go_on(attempt, by_id[attempt.job_id], live.now)
         self.open &= kept | set(self.held)
         self._live = len(restored)
-        skipped = {j.id for j in jobs} - kept - set(self.held)
+        end = live.now + options.horizon_s
+        late = {j for j, at in self.held.items() if at > end}  # open, but never arrives in time
+        skipped = {j.id for j in jobs} - kept - (set(self.held) - late)
         self.order = [j for j in self.order if j.spec.id not in skipped]
-        if self.order:  # the engine counts its horizon from the last arrival: here it counts from now
-            # at least, so a job no future started was not started within it
-            behind = max(0.0, live.now - self.order[-1].w.arrival_s)
-            self.options = replace(self.options, max_sim_s=options.horizon_s + behind)
+        if self.order:  # the engine counts its horizon from the last arrival: here it ends at the
+            # forecast's own, so a job no future started was not started within it, and none later
+            self.options = replace(self.options, max_sim_s=max(0.0, end - self.order[-1].w.arrival_s))
         self.resume_at(max(live.now, live.next_round), frozenset(kept))
 
     def _go_on(self, attempt: Attempt, job: Job, now: float) -> None:
@@ -309,11 +283,17 @@ class Future(Simulation):
         self._pending.append(AttemptStarted("future-started", command.attempt_id))
 
     def _arrive(self, job: Any) -> None:
-        super()._arrive(job)
-        submitted = self._submitted.get(job.spec.id)
+        if job.spec.id not in self.held:
+            super()._arrive(job)
+            return
+        # a held live job: the estimator has its profiles (its own, or borrowed in __init__), so it
+        # arrives with none (the world's would put one type's profile on every type)
+        self._live += 1
+        job.arrival_integral = self._live_integral
+        self.feed(JobSubmitted("future-held", job.spec, "simulator", {}))
         record = self.machine.state.jobs.get(job.spec.id)
-        if submitted is not None and record is not None:
-            record.submitted = submitted  # as live: its wait counts from its submission
+        if record is not None:
+            record.submitted = self._submitted[job.spec.id]  # as live: its wait counts from then
 
     def _changed(self, change: JobChange) -> None:
         super()._changed(change)
@@ -337,6 +317,30 @@ class Future(Simulation):
             self.advance(until=lambda: not self.open)
         else:
             self.advance(until=lambda: only not in self.open)
+
+
+def _held(live: LiveState, jobs: Sequence[Job]) -> dict[str, float]:
+    """When each waiting job not profiled yet would arrive in a future (its profiling over, at
+    `LiveState.profiling_left`), and each job that waits for a held one (`after`) just after it,
+    so the machine sees it wait; the others arrive at once (not in the result)."""
+    held = {
+        j.id: ready
+        for j in jobs
+        if j.state in (JobState.PENDING, JobState.PROFILING)
+        and j.spec.runtime
+        and (ready := live.now + live.profiling_left(_profiling_for(j, live.now))) > live.now
+    }
+    waiting = [j for j in jobs if j.state in WAITING and j.spec.after]
+    for _ in range(len(waiting)):  # dependencies are older jobs: no cycles; at most one pass each
+        moved = False
+        for j in waiting:
+            after = [held[d] for d in j.spec.after if d in held]
+            if after and held.get(j.id, -math.inf) <= max(after):
+                held[j.id] = max(after) + _AFTER_S
+                moved = True
+        if not moved:
+            break
+    return held
 
 
 def _profiling_for(job: Job, now: float) -> float:
@@ -435,102 +439,3 @@ def _arrivals(
         template_id, spec = pool[min(pick, len(pool) - 1)]
         out.append(_workload(spec, t, template_id, f"f-{len(out) + 1:06d}"))
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class JobForecast:
-    """Quantiles (Unix times) over the sampled futures; None where fewer than that share started/ended."""
-
-    start_p10: float | None
-    start_p50: float | None
-    start_p90: float | None
-    finish_p10: float | None
-    finish_p50: float | None
-    finish_p90: float | None
-    futures: int
-    made: float
-    # how far every future looked (Unix time): a null quantile says "not before this" (None: unknown)
-    horizon: float | None = None
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {
-            "start_p10": self.start_p10,
-            "start_p50": self.start_p50,
-            "start_p90": self.start_p90,
-            "finish_p10": self.finish_p10,
-            "finish_p50": self.finish_p50,
-            "finish_p90": self.finish_p90,
-            "futures": self.futures,
-            "made": self.made,
-            "horizon": self.horizon,
-        }
-
-
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (linear between order statistics); None when it falls on a missing (inf) value."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = q * (len(xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    if not math.isfinite(xs[hi]):
-        return None
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-@dataclass(slots=True)
-class Samples:
-    start: dict[str, list[float]] = field(default_factory=dict)
-    finish: dict[str, list[float]] = field(default_factory=dict)
-
-
-def capture(
-    machine: SchedulerMachine,
-    now: float,
-    recent: Sequence[float] = (),
-    window_s: float = 6 * 3600.0,
-    next_round: float | None = None,
-    copy_records: bool = True,
-    with_estimator: bool = True,
-    observed_since: float | None = None,
-) -> LiveState:
-    """A copy of the machine's state at `now` that a forecast can run from (in another thread). With
-    `copy_records` false its jobs and attempts are the machine's own objects: only for a caller that
-    copies the result at once (pickles it for a worker process) before the machine changes them.
-    Without `with_estimator` its estimator state is left empty (for a worker that keeps its own copy).
-    `observed_since`: when the caller began to note submissions; a window reaching back before then
-    would hold too few of them (the arrival rate of a master's or a replay's first hours divided by
-    the whole window), so it is cut there, to no less than OBSERVED_MIN_S (a few submissions over
-    minutes would give a rate as wrong the other way)."""
-    state = machine.state
-    s = machine.settings
-    healthy = frozenset(
-        n.server.id
-        for n in state.nodes.values()
-        if n.health == NodeHealth.HEALTHY
-        and not n.drained
-        and now - n.exec_error_at >= s.exec_error_backoff_s
-    )
-    round_s = s.scheduler.round_seconds
-    if observed_since is not None:
-        window_s = min(window_s, max(now - observed_since, OBSERVED_MIN_S))
-    jobs, attempts = list(state.jobs.values()), list(state.attempts.values())
-    return LiveState(
-        now=now,
-        servers=tuple(n.server for n in state.nodes.values()),
-        usable={n.server.id: n.usable_gpus for n in state.nodes.values()},
-        healthy=healthy,
-        drained=frozenset(n.server.id for n in state.nodes.values() if n.drained),
-        tenants=tuple(state.tenants.values()),
-        jobs=tuple(copy.deepcopy(jobs) if copy_records else jobs),
-        attempts=tuple(copy.deepcopy(attempts) if copy_records else attempts),
-        attempt_seq=machine.attempt_seq,
-        estimator=machine.estimator.export_state() if with_estimator else {},
-        recent=tuple(recent),
-        window_s=window_s,
-        round_s=round_s,
-        next_round=now + round_s if next_round is None else next_round,
-        scheduler=s.scheduler,
-        ended=tuple(e for e in machine.recently_ended if e.submitted >= now - window_s),
-        profiling_waits=tuple(machine.profiling_waits),
-    )

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.forecast.future import WAITING, Future, FutureOptions, JobForecast, LiveState, quantile
+from hopsmgr.forecast.future import Future, FutureOptions
+from hopsmgr.forecast.live import WAITING, JobForecast, LiveState, quantile
 
 Timer = Callable[[], float]
 

@@ -1,6 +1,6 @@
 """What-if forecasts: a job not submitted yet, or a waiting job with another requirement set.
 
-Both change a copy of the live state (hopsmgr.forecast.future.LiveState) and forecast one job in it
+Both change a copy of the live state (hopsmgr.forecast.live.LiveState) and forecast one job in it
 with the queue forecast's own futures (hopsmgr.forecast.run), each stopped once that job has ended:
 `with_new_job` adds the job a submission describes, as if submitted now (id WHAT_IF_ID; it borrows
 the profile of a profiled job alike, as unprofiled live jobs do); `with_requirements` gives a waiting
@@ -14,7 +14,7 @@ from dataclasses import replace
 from hopsmgr.control.records import Job
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobSpec, RequirementSet
-from hopsmgr.forecast.future import WAITING, JobForecast, LiveState
+from hopsmgr.forecast.live import WAITING, JobForecast, LiveState
 from hopsmgr.forecast.run import ForecastSettings, Timer, forecast
 
 WHAT_IF_ID = "what-if"

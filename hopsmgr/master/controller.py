@@ -158,7 +158,7 @@ class Controller:
         self.wait_ctx: tuple[float | None, PriorityContext] | None = None  # (plan time, context) for views
         self.forecasts: dict[
             str, Any
-        ] = {}  # job id -> hopsmgr.forecast.future.JobForecast (master/forecasts.py)
+        ] = {}  # job id -> hopsmgr.forecast.live.JobForecast (master/forecasts.py)
         self.wake = asyncio.Event()  # the machine asked for a fragment plan
         self.next_round_at: float | None = None  # (clock) when the round loop's next first plan is due
         self.heartbeat_ms: deque[float] = deque(maxlen=20_000)

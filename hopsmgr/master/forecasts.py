@@ -2,7 +2,7 @@
 
 Every `interval_s` (the round length but at most REFRESH_S, at least 5 s, and at least DUTY_FACTOR
 times the last forecast's duration, so forecasting takes at most a fifth of a core) while jobs wait, the loop takes a
-copy of the state machine's state (hopsmgr.forecast.future.capture) and hands it to the forecast worker
+copy of the state machine's state (hopsmgr.forecast.live.capture) and hands it to the forecast worker
 that runs hopsmgr.forecast.run.forecast within `budget_s` (and, for a large queue whose futures take
 seconds each, within `limit_s` but for its first future); the answer replaces `ctl.forecasts` (job id
 -> JobForecast), which the API's job summaries and explanations show. The state machine's submission
@@ -33,7 +33,7 @@ import structlog
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.calibrate import Residuals, StartTracker
-from hopsmgr.forecast.future import LiveState, capture
+from hopsmgr.forecast.live import LiveState, capture
 from hopsmgr.forecast.run import ForecastSettings, JobForecast, forecast
 from hopsmgr.master import live_wire
 from hopsmgr.master.controller import Controller

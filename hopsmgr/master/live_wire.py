@@ -20,7 +20,7 @@ from typing import Any
 
 from hopsmgr.control.records import Attempt, Job
 from hopsmgr.core.model import JobSpec
-from hopsmgr.forecast.future import LiveState
+from hopsmgr.forecast.live import LiveState
 
 JobRow = tuple[JobSpec, tuple[Any, ...]]
 Held = dict[str, JobRow]  # job id -> the job as the worker holds it

@@ -105,7 +105,7 @@ THROUGHPUT = answer(
     "Throughput",
     {
         "placement": PLACEMENT,
-        "samples": Int(1, description="measurements taken on this placement"),
+        "measurements": Int(1, description="throughput measurements taken on this placement"),
         "measured_last": Num(description="samples/s, the latest measurement"),
         "measured_mean": Num(description="samples/s, the mean of the measurements"),
         "expected_last": Nullable(

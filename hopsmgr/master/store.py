@@ -105,8 +105,10 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 5: beside each measured throughput, what the estimator expected there just before (NULL: no
     # estimate; rows of older stores), so an ended job's history still compares the two
+    # (and the job's rows found by index: a job's detail reads them)
     """
     ALTER TABLE throughput ADD COLUMN estimated_per_s REAL;
+    CREATE INDEX throughput_job ON throughput (job_id, seq);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

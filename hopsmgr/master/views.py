@@ -15,7 +15,7 @@ from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobView
 from hopsmgr.core.planner import Plan, context_of
 from hopsmgr.core.priority import PriorityContext, estimated_wait_s, expected_run_s, raqlr
-from hopsmgr.forecast.future import WAITING
+from hopsmgr.forecast.live import WAITING
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError
 from hopsmgr.master.state import NodeRecord, calibration_json
@@ -163,7 +163,7 @@ def throughput_history(ctl: Controller, job_id: str) -> list[dict[str, Any]]:
     return [
         {
             "placement": g["placement"],
-            "samples": len(g["rates"]),
+            "measurements": len(g["rates"]),
             "measured_last": round(g["rates"][-1], 4),
             "measured_mean": round(sum(g["rates"]) / len(g["rates"]), 4),
             "expected_last": None if g["expected"] is None else round(g["expected"], 4),

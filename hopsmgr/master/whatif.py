@@ -1,7 +1,7 @@
 """What-if forecasts over the API: a submission's forecast without storing it (`submit --dry-run`),
 and a waiting job's forecast with other GPU counts (`explain JOB --gpus 2,4`).
 
-Both take a copy of the live state on the event loop (hopsmgr.forecast.future.capture), change it
+Both take a copy of the live state on the event loop (hopsmgr.forecast.live.capture), change it
 (hopsmgr.forecast.whatif) and forecast the one job off the event loop, as the queue forecast does
 (hopsmgr.master.forecasts: a worker process of its own, or a daemon thread), within WHAT_IF_SETTINGS' budget; one at a time, at most MAX_IN_LINE
 waiting (more are refused with 429, so requests cannot pile forecasts onto the master). Nothing is
@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from hopsmgr.core.model import ModelError, RequirementSet
-from hopsmgr.forecast.future import LiveState
+from hopsmgr.forecast.live import LiveState
 from hopsmgr.forecast.whatif import (
     WHAT_IF_ID,
     NotWaiting,

@@ -6,7 +6,7 @@ import random
 from fractions import Fraction
 
 from hopsmgr.forecast.calibrate import FLOOR, GAMMA, TAIL, Residuals, StartTracker
-from hopsmgr.forecast.future import JobForecast
+from hopsmgr.forecast.live import JobForecast
 
 
 def fc(made: float, p10: float | None, p50: float | None, p90: float | None) -> JobForecast:

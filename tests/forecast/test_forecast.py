@@ -26,7 +26,8 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import RequirementSet
 from hopsmgr.core.plan import Plan, SolverStats
-from hopsmgr.forecast.future import Future, FutureOptions, LiveState, capture
+from hopsmgr.forecast.future import Future, FutureOptions
+from hopsmgr.forecast.live import LiveState, capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master.state import load_attempt
@@ -579,3 +580,81 @@ def test_the_horizon_counts_from_now_and_a_start_past_it_is_not_before_it() -> N
     assert j2.start_p10 is None and j2.start_p50 is None and j2.horizon == live.now + horizon_s
     assert whole["j2"].start_p50 is not None and whole["j2"].start_p50 > live.now + horizon_s
     assert j2.as_dict()["horizon"] == live.now + horizon_s
+
+
+def test_a_job_waiting_for_a_held_job_arrives_after_it_and_starts_after_it_ends() -> None:
+    # j1 has profiled for 100 s (held 260 s more: the median of 20 and 500), j2 waits for it
+    # (`after`) and would be held only 105 s: it arrives just after j1, so the machine sees it wait
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+
+    def waiting(job: Job) -> Job:
+        if job.id == "j1":
+            return replace(job, state=JobState.PROFILING, state_since=live.now - 100.0)
+        spec = replace(job.spec, after=("j1",))
+        return replace(job, state=JobState.PENDING, state_since=live.now, spec=spec)
+
+    jobs = tuple(waiting(j) for j in live.jobs if j.id != "j0")  # the GPUs are free
+    held = replace(live, jobs=jobs, attempts=(), profiling_waits=(60.0, 90.0, 120.0, 600.0))
+    future = Future(held, 0, GREEDY, Estimator.from_state(held.estimator))
+    assert future.held == {"j1": live.now + 260.0, "j2": live.now + 260.0 + 1e-3}
+    result = forecast(held, NO_PREEMPTION, time.perf_counter)
+    j1, j2 = result["j1"], result["j2"]
+    assert j1.start_p50 == pytest.approx(live.now + 260.0)
+    assert j2.start_p50 is not None and j1.finish_p50 is not None and j2.start_p50 >= j1.finish_p50
+
+
+def test_a_held_job_arrives_with_the_profiles_it_has_not_one_types_on_every_type() -> None:
+    # profiled on the rtx3090 only so far: it arrives with that profile alone (the other type's rate
+    # stays the transfer prior's), not with the rtx3090 profile put on the gtx1080ti too
+    two = parse_cluster_config(
+        {
+            "cluster": {"name": "two"},
+            "servers": [
+                {"id": "r", "gpu_type": "rtx3090", "gpus": 4, "host_model": "a"},
+                {"id": "g", "gpu_type": "gtx1080ti", "gpus": 4, "host_model": "a"},
+            ],
+            "tenants": [{"name": "t"}],
+            "scheduler": {"round_seconds": 300},
+        }
+    )
+    sim = Simulation(
+        paper_world(seed=1),
+        two.servers,
+        workload(),
+        ForecastPolicy(two.scheduler),
+        SimOptions(profiling=False, seed=1),
+        time.perf_counter,
+        tenants=two.tenant_map(),
+    )
+    sim.advance(until=lambda: sim.now >= 2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    state = dict(live.estimator)
+    state["profiles"] = [
+        p for p in state["profiles"] if not (p["job"] == "j2" and p["gpu_type"] == "gtx1080ti")
+    ]
+    jobs = tuple(
+        replace(j, state=JobState.PROFILING, state_since=live.now - 10.0) if j.id == "j2" else j
+        for j in live.jobs
+    )
+    held = replace(live, jobs=jobs, estimator=state, profiling_waits=(100.0,))
+    future = Future(held, 0, GREEDY, Estimator.from_state(held.estimator))
+    assert future.held == {"j2": live.now + 90.0}
+    future.feed(RoundTick("future-fragment", "fragment"))
+    future.advance(until=lambda: "j2" in future.machine.state.jobs)
+    assert future.machine.estimator.profiled_types("j2") == {"rtx3090"}
+
+
+def test_a_held_job_the_cluster_would_now_refuse_is_restored_not_submitted() -> None:
+    # accepted under an older cluster file (its tenant's cap was 4 GPUs, now 2): the live machine
+    # keeps it, so the futures restore it; submitting it would be refused and stop every forecast
+    sim = started(2.0)
+    live = capture(sim.machine, sim.now, next_round=sim.next_round)
+    jobs = tuple(
+        replace(j, state=JobState.PENDING, state_since=live.now) if j.id == "j2" else j for j in live.jobs
+    )
+    capped = tuple(replace(t, cap_gpus=2) for t in live.tenants)
+    held = replace(live, jobs=jobs, profiling_waits=(100.0,), tenants=capped)
+    assert Future(held, 0, GREEDY, Estimator.from_state(held.estimator)).held == {}
+    result = forecast(held, NO_PREEMPTION, time.perf_counter)
+    assert result["j2"].start_p50 is None  # as the live planner: it never fits the cap

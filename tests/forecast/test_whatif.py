@@ -14,7 +14,8 @@ from hopsmgr.control.records import EndedJob
 from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import JobSpec, RequirementSet
-from hopsmgr.forecast.future import Future, LiveState, capture
+from hopsmgr.forecast.future import Future
+from hopsmgr.forecast.live import LiveState, capture
 from hopsmgr.forecast.run import forecast
 from hopsmgr.forecast.whatif import (
     WHAT_IF_ID,
@@ -152,11 +153,15 @@ def test_the_forecasts_greedy_plan_keeps_a_job_for_one_server_on_one() -> None:
 def test_a_what_if_job_is_held_back_for_its_profiling_unless_it_has_no_runtime() -> None:
     # as the machine takes a submission: a job with the runtime is profiled first (the forecast holds
     # it back by the latest profiling time), one without is queued at once and not held
-    live = replace(live_state(), profiling_waits=(1e7,))  # longer than any wait here: the hold shows
+    live = replace(live_state(), profiling_waits=(1e6,))  # longer than any wait here: the hold shows
     profiled = with_new_job(live, spec_like(live, "j2"))
     plain = with_new_job(live, spec_like(live, "j2", runtime=False))
     assert profiled.jobs[-1].state == JobState.PENDING and plain.jobs[-1].state == JobState.QUEUED
     held = forecast_job(profiled, WHAT_IF_ID, time.perf_counter, NO_PREEMPTION)
-    assert held is not None and held.start_p50 == pytest.approx(live.now + 1e7)
+    assert held is not None and held.start_p50 == pytest.approx(live.now + 1e6)
     queued = forecast_job(plain, WHAT_IF_ID, time.perf_counter, NO_PREEMPTION)
-    assert queued is not None and queued.start_p50 is not None and queued.start_p50 < live.now + 1e7
+    assert queued is not None and queued.start_p50 is not None and queued.start_p50 < live.now + 1e6
+    # held past the futures' 14-day horizon: not within it, and no future runs past it
+    later = with_new_job(replace(live, profiling_waits=(1e7,)), spec_like(live, "j2"))
+    beyond = forecast_job(later, WHAT_IF_ID, time.perf_counter, NO_PREEMPTION)
+    assert beyond is not None and beyond.start_p50 is None and beyond.horizon == live.now + 14 * 86400

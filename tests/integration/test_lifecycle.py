@@ -22,7 +22,7 @@ def test_submit_profile_run_complete(cluster: LocalCluster) -> None:
     # its measured throughput outlives its estimates: beside each, what the estimator expected there
     # from the profiles just before (no estimate now: the job ended)
     (measured,) = job["throughput"]
-    assert measured["placement"] == runs[0]["placement"] and measured["samples"] >= 1
+    assert measured["placement"] == runs[0]["placement"] and measured["measurements"] >= 1
     assert measured["expected_last"] > 0 and measured["estimate_now"] is None
     assert "throughput (samples/s):" in shown and "EXPECTED THEN" in shown
 

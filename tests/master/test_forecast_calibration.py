@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.forecast.calibrate import TAIL
-from hopsmgr.forecast.future import JobForecast
+from hopsmgr.forecast.live import JobForecast
 from hopsmgr.master.forecasts import WINDOW_S, Forecaster
 from hopsmgr.master.views import forecast_of
 

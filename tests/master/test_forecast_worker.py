@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import pytest
 
 from hopsmgr.core.lifecycle import JobState
-from hopsmgr.forecast.future import FutureOptions, LiveState, capture
+from hopsmgr.forecast.future import FutureOptions
+from hopsmgr.forecast.live import LiveState, capture
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master import live_wire
 from hopsmgr.master.forecasts import Forecaster

@@ -15,9 +15,9 @@ from aiohttp import web
 
 from hopsmgr.master.api import CTL, LOOP, principal
 from hopsmgr.master.controller import Controller, Principal, RequestError
+from hopsmgr.master.dashboard.render import WAITING
 from hopsmgr.protocol import WireError
 
-WAITING = ("PENDING", "PROFILING", "QUEUED")
 LIVE = (*WAITING, "LAUNCHING", "RUNNING", "CHECKPOINTING")
 EXPLAINED = 50  # queue rows that get the reason they wait (one explain call each)
 

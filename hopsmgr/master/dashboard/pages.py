@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from hopsmgr.master.controller import Principal
-from hopsmgr.master.dashboard.data import WAITING
 from hopsmgr.master.dashboard.history import History
 from hopsmgr.master.dashboard.render import (
+    WAITING,
     action,
     badge,
     clock,
@@ -224,7 +224,7 @@ def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
     for node, rate in sorted(estimates.items()):
         if f"{node}×{least}" not in shown:
             rows.append((e(f"{node}×{least}"), "–", "–", "0", "–", num(rate, 1)))
-    headers = ("Placement", "Measured now", "Measured mean", "Samples", "Expected then", "Estimated now")
+    headers = ("Placement", "Measured now", "Measured mean", "Measurements", "Expected then", "Estimated now")
     return table(headers, rows, "throughput")
 
 

@@ -14,6 +14,8 @@ from html import escape
 
 from hopsmgr.master.controller import Principal
 
+WAITING = ("PENDING", "PROFILING", "QUEUED")  # the job states of the queue page
+
 PAGES = (("/", "Cluster"), ("/ui/queue", "Queue"), ("/ui/tenants", "Tenants"), ("/ui/scheduler", "Scheduler"))
 PALETTE = 8
 

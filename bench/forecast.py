@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         ForecastSettings(budget_s=args.budget_s, limit_s=args.limit_s)
     except ValueError as exc:
         p.error(str(exc))  # names the field: budget_s is --budget-s, limit_s --limit-s
+    if args.tail_jobs < 0:
+        p.error(f"--tail-jobs must be >= 0, got {args.tail_jobs}")
     out = replay(args) if args.replay else {}
     if args.scale:
         out.update(scale(args))

@@ -63,37 +63,6 @@ def test_the_queue_page_shows_the_rough_wait_only_where_there_is_no_start_foreca
     assert "2h" not in rows[0] and "2h" in rows[1], rows
 
 
-def test_the_job_pages_throughput_compares_a_larger_count_with_its_own_estimate() -> None:
-    # an elastic job measured on 2 GPUs of n1: its estimate there is the one at 2 GPUs (it was empty
-    # for any count but the smallest); a count without one falls back to the smallest count's
-    job = {"gpus": [1, 2]}
-    measured = [
-        {"placement": {"n1": 2}, "samples_per_s": 180.0},
-        {"placement": {"n2": 1}, "samples_per_s": 95.0},
-    ]
-    explained = {
-        "estimates": {"n1": 100.0, "n2": 97.0},
-        "estimates_by_count": {"n1": {"1": 100.0, "2": 190.0}},
-    }
-    html = pages._throughput(job, measured, explained)
-    rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
-    assert "190.0" in rows["n1×2"] and "97.0" in rows["n2×1"], rows
-
-
-def test_the_job_pages_throughput_has_an_estimate_for_a_placement_over_several_servers() -> None:
-    # a placement over two servers of two types has no per-node estimate; the explanation's estimate
-    # of the placement the job holds is shown beside it (it was "–"), not beside one it held before
-    job = {"gpus": [2], "placement": {"k80": 1, "v100": 1}}
-    measured = [
-        {"placement": {"p100": 1, "v100": 1}, "samples_per_s": 900.0},
-        {"placement": {"v100": 1, "k80": 1}, "samples_per_s": 1009.0},
-    ]
-    explained = {"estimates": {}, "estimates_by_count": {}, "placement_estimate": 977.6}
-    html = pages._throughput(job, measured, explained)
-    rows = {r.split("</td>")[0].split(">")[-1]: r for r in html.split("<tr>")[2:]}
-    assert "977.6" in rows["k80×1, v100×1"] and "977.6" not in rows["p100×1, v100×1"], rows
-
-
 def cells(row: str) -> list[str]:
     return [c.split(">")[-1] for c in row.split("</td>")[:-1]]
 
@@ -101,22 +70,32 @@ def cells(row: str) -> list[str]:
 def test_the_job_pages_throughput_shows_what_it_holds_before_it_is_measured_there() -> None:
     # a placement over two servers just started: no measurement yet, its estimate has a row of its own
     job = {"gpus": [2], "placement": {"k80": 1, "v100": 1}}
-    explained = {"estimates": {"v100": 500.0}, "estimates_by_count": {}, "placement_estimate": 977.6}
-    html = pages._throughput(job, [], explained)
+    explained = {"estimates": {"v100": 500.0}, "placement_estimate": 977.6}
+    html = pages._throughput(job, explained)
     rows = {cells(r)[0]: cells(r) for r in html.split("<tr>")[2:]}
     assert rows["k80×1, v100×1"] == ["k80×1, v100×1", "–", "–", "0", "–", "977.6"], rows
     assert rows["v100×2"][-1] == "500.0"
 
 
-def test_an_ended_jobs_throughput_keeps_what_was_expected_beside_what_was_measured() -> None:
-    # the job ended: no estimate now, but each measurement kept the estimator's figure of just before it
-    job = {"gpus": [1], "placement": None}
-    measured = [
-        {"placement": {"n1": 1}, "samples_per_s": 380.0, "estimated_per_s": 508.0},
-        {"placement": {"n1": 1}, "samples_per_s": 381.0, "estimated_per_s": 379.8},
-        {"placement": {"n2": 1}, "samples_per_s": 190.0, "estimated_per_s": None},
-    ]
-    html = pages._throughput(job, measured, {"estimates": {}, "estimates_by_count": {}})
+def test_the_job_pages_throughput_shows_the_detail_per_placement_and_ended_jobs_keep_it() -> None:
+    # the API's throughput per placement as it is (an ended job: no estimate now, what was expected
+    # kept); a placement measured has no second row from the per-node estimates
+    job = {
+        "gpus": [1, 2],
+        "placement": {"n1": 2},
+        "throughput": [
+            {"placement": {"n1": 2}, "measurements": 4, "measured_last": 181.0, "measured_mean": 180.5,
+             "expected_last": 190.0, "estimate_now": 182.0},
+            {"placement": {"n2": 1}, "measurements": 2, "measured_last": 95.0, "measured_mean": 94.0,
+             "expected_last": None, "estimate_now": None},
+        ],
+    }  # fmt: skip
+    explained = {"estimates": {"n1": 100.0, "n2": 97.0, "n3": 50.0}, "placement_estimate": 182.0}
+    html = pages._throughput(job, explained)
     rows = {cells(r)[0]: cells(r) for r in html.split("<tr>")[2:]}
-    assert rows["n1×1"] == ["n1×1", "381.0", "380.5", "2", "379.8", "–"], rows
-    assert rows["n2×1"][4:] == ["–", "–"]
+    assert rows == {
+        "n1×2": ["n1×2", "181.0", "180.5", "4", "190.0", "182.0"],
+        "n2×1": ["n2×1", "95.0", "94.0", "2", "–", "–"],
+        "n1×1": ["n1×1", "–", "–", "0", "–", "100.0"],
+        "n3×1": ["n3×1", "–", "–", "0", "–", "50.0"],
+    }, rows

@@ -45,4 +45,15 @@ def test_emulated_speed_factors_show_in_nodes_and_change_estimates(twins: LocalC
     explained = twins.api("GET", f"/api/v1/jobs/{job_id}/explain")
     (node,) = explained["placement"]
     assert explained["placement_estimate"] == pytest.approx(explained["estimates"][node], rel=1e-6)
+
+    # the job detail's throughput (what the dashboard's job page shows): measured where it runs,
+    # beside the estimate there now, the one explain gives (the two read between two observations)
+    def measured_beside_its_estimate() -> bool:
+        found = twins.api("GET", f"/api/v1/jobs/{job_id}")["throughput"]
+        pe = twins.api("GET", f"/api/v1/jobs/{job_id}/explain")["placement_estimate"]
+        return any(
+            t["placement"] == {node: 1} and t["measured_last"] > 0 and t["estimate_now"] == pe for t in found
+        )
+
+    wait_for(measured_beside_its_estimate, 60, "a measurement beside the estimate now")
     twins.api("POST", f"/api/v1/jobs/{job_id}/cancel")

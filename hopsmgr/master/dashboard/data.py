@@ -125,9 +125,7 @@ async def job_page(api: Api, job_id: str) -> dict[str, Any]:
     detail = await api.get(f"/api/v1/jobs/{job_id}")
     logs = await api.get(f"/api/v1/jobs/{job_id}/logs?tail=6000")
     explained = await api.get(f"/api/v1/jobs/{job_id}/explain")
-    # measured throughput: the store's history of the job the API just showed this token
-    measured = api.ctl.store.throughput(detail["id"])
-    return {"job": detail, "logs": logs, "explain": explained, "measured": measured}
+    return {"job": detail, "logs": logs, "explain": explained}
 
 
 async def tenants_page(api: Api) -> dict[str, Any]:

@@ -6,7 +6,6 @@ Each function takes the page's data, the viewer, the session's CSRF secret (None
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from hopsmgr.master.controller import Principal
@@ -181,51 +180,41 @@ def _timeline(job: Data, now: float) -> str:
     )
 
 
-def _throughput(job: Data, measured: Sequence[Data], explained: Data) -> str:
-    """Measured against estimated: what the estimator expected just before its latest measurement of
-    each placement (kept with it, so an ended job shows it too), and what it estimates now (live jobs)."""
-    by_placement: dict[str, list[float]] = {}
-    expected: dict[str, float] = {}
-    for row in measured:
-        key = ", ".join(f"{k}×{v}" for k, v in sorted(row["placement"].items()))
-        by_placement.setdefault(key, []).append(row["samples_per_s"])
-        if row.get("estimated_per_s") is not None:
-            expected[key] = row["estimated_per_s"]
-    estimates: dict[str, float] = explained.get("estimates") or {}
-    by_count: dict[str, dict[str, float]] = explained.get("estimates_by_count") or {}
-    held = ", ".join(f"{k}×{v}" for k, v in sorted((job.get("placement") or {}).items()))
-    least = min(job["gpus"])
+def _throughput(job: Data, explained: Data) -> str:
+    """The job detail's throughput per placement measured (API `throughput`: measured, what the
+    estimator expected just before the latest measurement, what it estimates now), then the
+    estimates of where it has not been measured: the placement it holds, each node at its smallest
+    count."""
     rows = []
-    for key, values in by_placement.items():
-        parts = [p.split("×") for p in key.split(", ")]
-        estimate = None
-        if len(parts) == 1:  # one server: the estimate at its count (an elastic job's larger ones too)
-            node, gpus = parts[0]
-            estimate = by_count.get(node, {}).get(gpus)
-            if estimate is None and int(gpus) == least:
-                estimate = estimates.get(node)
-        if estimate is None and key == held:  # over several servers: the estimate of what it holds
-            estimate = explained.get("placement_estimate")
+    shown = set()
+    for t in job.get("throughput") or []:
+        key = _placement_key(t["placement"])
+        shown.add(key)
         rows.append(
             (
                 e(key),
-                num(values[-1], 1),
-                num(sum(values) / len(values), 1),
-                str(len(values)),
-                num(expected.get(key), 1),
-                num(estimate, 1),
+                num(t["measured_last"], 1),
+                num(t["measured_mean"], 1),
+                str(t["measurements"]),
+                num(t["expected_last"], 1),
+                num(t["estimate_now"], 1),
             )
         )
-    shown = set(by_placement)
+    held = _placement_key(job.get("placement") or {})
     estimate = explained.get("placement_estimate")
-    if held and held not in shown and estimate is not None:  # what it holds, not measured there yet
+    if held and held not in shown and estimate is not None:
         rows.append((e(held), "–", "–", "0", "–", num(estimate, 1)))
         shown.add(held)
-    for node, rate in sorted(estimates.items()):
+    least = min(job["gpus"])
+    for node, rate in sorted((explained.get("estimates") or {}).items()):
         if f"{node}×{least}" not in shown:
             rows.append((e(f"{node}×{least}"), "–", "–", "0", "–", num(rate, 1)))
     headers = ("Placement", "Measured now", "Measured mean", "Measurements", "Expected then", "Estimated now")
     return table(headers, rows, "throughput")
+
+
+def _placement_key(placement: dict[str, int]) -> str:
+    return ", ".join(f"{k}×{v}" for k, v in sorted(placement.items()))
 
 
 def job(data: Data, who: Principal, csrf: str | None, now: float) -> str:
@@ -288,7 +277,7 @@ def job(data: Data, who: Principal, csrf: str | None, now: float) -> str:
         f"<h1>{e(j['id'])} <small>{e(j['name'])}</small> {state_badge(j['state'])}</h1>{cancel}"
         f'<dl class="facts">{dl}</dl>'
         f"<h2>Attempts</h2>{_timeline(j, now)}{attempts}"
-        f"<h2>Throughput (samples/s)</h2>{_throughput(j, data['measured'], data['explain'])}"
+        f"<h2>Throughput (samples/s)</h2>{_throughput(j, data['explain'])}"
         f"<h2>Checkpoints</h2>{table(('Time', 'Event', 'Message'), checkpoints, 'checkpoints')}"
         f"<h2>State history</h2>{history}"
         f'<h2>Log <small>{e(logs["attempt"] or "no attempt yet")}</small></h2><pre id="log" class="log">{e(logs["log"])}</pre>'

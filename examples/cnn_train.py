@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = runtime.init()
     device = pick_device(args.device)
     make_deterministic(device, args.threads)
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    print(f"device {device}{name}", flush=True)
     sync: Callable[[], None] = runtime.cuda_sync if device.type == "cuda" else lambda: None
 
     torch.manual_seed(args.seed)

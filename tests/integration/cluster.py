@@ -33,6 +33,7 @@ class Node:
     gpu_type: str
     gpus: int
     speed: float = 1.0
+    devices: str = "emulated"  # "cpu" or "nvml": measured devices (tests/integration/test_real_node.py)
 
 
 @dataclass
@@ -154,8 +155,17 @@ class LocalCluster:
         cfg.write_text(
             f'node = "{node.id}"\nmaster = "{master_url or self.url}"\n'
             f'cluster_token_file = "{self.state_dir / "cluster.token"}"\n'
-            f'workdir = "{self.root / "nodes" / node.id}"\ndevices = "emulated"\n'
-            f'[emulated]\ngpu_type = "{node.gpu_type}"\ncount = {node.gpus}\nspeed = {node.speed}\n'
+            f'workdir = "{self.root / "nodes" / node.id}"\ndevices = "{node.devices}"\n'
+            + (
+                f'[emulated]\ngpu_type = "{node.gpu_type}"\ncount = {node.gpus}\nspeed = {node.speed}\n'
+                if node.devices == "emulated"
+                else "calibration_budget_s = 20\n"  # measured devices: a short calibration run
+                + (
+                    f'[cpu]\ngpu_type = "{node.gpu_type}"\ncount = {node.gpus}\n'
+                    if node.devices == "cpu"
+                    else ""
+                )
+            )
         )
         with open(self.root / f"agent-{node_id}.log", "ab") as log:
             self.agents[node_id] = subprocess.Popen(

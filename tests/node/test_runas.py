@@ -138,8 +138,17 @@ def test_checkpoints_brought_for_the_job_become_its_users(
     ckpt.mkdir(parents=True)
     (ckpt / "ckpt-000000010.pt").write_bytes(b"weights")  # as a move from another node leaves it
     (ckpt / "ckpt-000000010.json").write_text("{}")
+    # with a grant, as the master gives one: on a server with an NVIDIA driver an attempt without one
+    # is fenced off every GPU, and its log begins with a line saying so
     ops.launch(
-        workdir, "a-000001", "j-000001", 1, ["/bin/sh", "-c", "cat $HOPS_CHECKPOINT_DIR/*.pt"], run_as=USER
+        workdir,
+        "a-000001",
+        "j-000001",
+        1,
+        ["/bin/sh", "-c", "cat $HOPS_CHECKPOINT_DIR/*.pt"],
+        run_as=USER,
+        gpus=1,
+        visible_devices="0",
     )
     deadline = time.monotonic() + 10
     while not (workdir / "attempts" / "a-000001" / "exit.json").exists() and time.monotonic() < deadline:

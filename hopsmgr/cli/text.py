@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from hopsmgr import durations
+
 DASH = "-"
 
 
@@ -24,16 +26,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
 
 def duration(seconds: float | None) -> str:
     """A short human duration: 45s, 3m20s, 1h05m, 2d03h; "-" for null."""
-    if seconds is None:
-        return DASH
-    s = max(0, round(float(seconds)))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    return DASH if seconds is None else durations.duration(float(seconds)) or DASH
 
 
 def timestamp(value: float | None) -> str:

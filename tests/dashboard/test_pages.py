@@ -47,7 +47,7 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     beyond = dict(never, horizon=now + 14 * 86400)
     data = {"jobs": [waiting("j3", beyond)], "reasons": {}}
     page = pages.queue(data, Principal("ana", "vision"), None, now)
-    assert page.count("after 14d 0h") == 2, page
+    assert page.count("after 14d 00h") == 2, page
 
 
 def test_the_queue_page_shows_the_rough_wait_only_where_there_is_no_start_forecast() -> None:

@@ -7,11 +7,11 @@ only swaps in new renderings pushed by server-sent events. No inline script or s
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Sequence
 from html import escape
 
+from hopsmgr import durations
 from hopsmgr.master.controller import Principal
 
 WAITING = ("PENDING", "PROFILING", "QUEUED")  # the job states of the queue page
@@ -31,16 +31,7 @@ def clock(t: float | None) -> str:
 
 
 def duration(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "–"
-    s = max(0.0, s)
-    if s < 60:
-        return f"{s:.0f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m {int(s % 60):02d}s"
-    if s < 86400:
-        return f"{int(s // 3600)}h {int(s % 3600 // 60):02d}m"
-    return f"{int(s // 86400)}d {int(s % 86400 // 3600)}h"
+    return "–" if s is None else durations.duration(s, " ") or "–"
 
 
 def num(value: float | None, digits: int = 2) -> str:

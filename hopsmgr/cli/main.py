@@ -3,7 +3,7 @@
 `simulate` (trace-driven simulation of policies on a cluster) and `demo` (a short simulation of the
 paper's 64-GPU cluster, embedded in the package), plus the clients of a running master's REST API
 (submit, queue, show, cancel, logs, explain, nodes, drain, undrain, quota, cluster, token), registered
-by `hopsmgr.cli.commands.register`.
+by `hopsmgr.cli.wiring.register`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from hopsmgr.cli import commands, daemon, local, scripts
+from hopsmgr.cli import daemon, local, scripts, wiring
 from hopsmgr.config import ConfigError
 from hopsmgr.core.model import ModelError
 from hopsmgr.policies.registry import POLICY_NAMES
@@ -161,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     local.register(sub, cmd_demo, _positive_float)
 
-    commands.register(sub)
+    wiring.register(sub)
     daemon.register(sub)
     return parser
 

@@ -96,7 +96,7 @@ def _identity_options(parser: argparse.ArgumentParser, *, tenant_required: bool)
 
 
 def register(subparsers: Any, token_sub: Any, add: Add) -> None:
-    """Add `user ...` to the CLI and `list`, `revoke` to its `token` command (`add` is commands._add
+    """Add `user ...` to the CLI and `list`, `revoke` to its `token` command (`add` is wiring._add
     with the common connection options)."""
     add(token_sub, "list", cmd_token_list, "list the tokens you may revoke (ids, never the secrets)")
     add(token_sub, "revoke", cmd_token_revoke, "revoke a token by its id").add_argument(

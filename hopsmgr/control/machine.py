@@ -56,7 +56,8 @@ from hopsmgr.control.events import (
     StateRestored,
 )
 from hopsmgr.control.records import Attempt, ControlState, EndedJob, Job, Node
-from hopsmgr.core.estimator import RUN_TIME_PROFILE, Estimator
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.iteration import RUN_TIME_PROFILE
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import Calibration, Config, JobSpec, Server, TenantQuota, spans_types
 from hopsmgr.core.priority import PriorityContext, expected_run_s

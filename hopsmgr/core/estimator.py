@@ -1,4 +1,5 @@
-"""Throughput estimator: the Hops three-layer database and the iteration-time formula (HOPS.md 2-3).
+"""Throughput estimator: the Hops three-layer database (HOPS.md 2) over the iteration-time formula of
+hopsmgr.core.iteration (HOPS.md 3).
 
 Pure core: no I/O, no clock, no logging. `Estimator.per_gpu_rate` answers samples/s of one GPU of a job
 on one server, read top-down from (1) the entity layer: values measured on this very server, (2) the type
@@ -14,6 +15,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hopsmgr.core.iteration import (
+    TimeProfile,
+    is_real,
+    iteration_time_of,
+    require,
+    require_count,
+    require_shape,
+)
 from hopsmgr.core.model import (
     Calibration,
     Config,
@@ -26,126 +35,12 @@ from hopsmgr.core.model import (
     spans_types,
 )
 
-TC_EXPOSED = 0.2  # share of the communication time that does not overlap backward (Tc~ = 0.2 * Tc)
 _SEED_WEIGHT = 20.0  # pseudo-samples a profile is worth when seeding the online data-time clusters
 _MAX_WEIGHT = 200.0  # past this total weight the clusters are scaled down, so old samples fade
 _STATE_VERSION = 1
 _PROFILE_ROW = ("job", "gpu_type", "profile", "measured_on", "data")
 _ENTITY_ROW = ("job", "server", "gpus_here", "n_servers", "gpu_type", "rate")
 _TYPE_ROW = ("job", "gpu_type", "gpus_here", "n_servers", "ratio", "norm_rate")
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require(name: str, value: object, *, positive: bool) -> None:
-    if not _is_real(value) or value < 0 or (positive and value == 0):  # type: ignore[operator]
-        bound = "> 0" if positive else ">= 0"
-        raise ModelError(f"{name} must be a finite number {bound}, got {value!r}")
-
-
-def _require_count(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ModelError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _require_shape(gpus_here: object, n_servers: object) -> None:
-    _require_count("gpus_here", gpus_here)
-    _require_count("n_servers", n_servers)
-
-
-@dataclass(frozen=True, slots=True)
-class TimeProfile:
-    """Basic time modules of one iteration, measured by the profiler on ONE GPU of a server whose
-    calibration is `measured_on` (given to `Estimator.add_profile`). Times in seconds."""
-
-    tf_s: float  # forward
-    tb_s: float  # backward
-    tu_s: float  # weight update
-    td_hit_s: float  # data time on cache hit (mean mu_c)
-    td_miss_s: float  # data time on cache miss (mean mu_l)
-    p_cache: float = 1.0  # probability of a cache hit (p_load = 1 - p_cache)
-    tw_hit_s: float = 0.0  # sync wait when data hit
-    tw_miss_s: float = 0.0  # sync wait when data missed (Tw correlates with Td)
-    pattern: int = 1  # 1: data loading overlaps backward+comm; 2: it does not
-    td_hit_sigma: float = 0.0  # kept for reporting; the estimate uses expectations
-    td_miss_sigma: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in _TIME_FIELDS:
-            _require(f"time profile: {name}", getattr(self, name), positive=False)
-        if not (_is_real(self.p_cache) and 0.0 <= self.p_cache <= 1.0):
-            raise ModelError(f"time profile: p_cache must be within [0, 1], got {self.p_cache!r}")
-        if type(self.pattern) is not int or self.pattern not in (1, 2):
-            raise ModelError(f"time profile: pattern must be 1 or 2, got {self.pattern!r}")
-        if self.tf_s + self.tb_s + self.tu_s <= 0:
-            raise ModelError("time profile: tf_s + tb_s + tu_s must be > 0 (an iteration takes time)")
-
-
-_TIME_FIELDS = tuple(f.name for f in fields(TimeProfile) if f.name not in ("p_cache", "pattern"))
-
-# [ours] A job that does not use hopsmgr.runtime has no profile: it counts its work in seconds at
-# nominal speed (batch 1, one "iteration" a second on one nominal GPU), so only the server's compute
-# calibration (and what the type layer learns from its run) tells GPU types and servers apart.
-RUN_TIME_PROFILE = TimeProfile(tf_s=1.0, tb_s=0.0, tu_s=0.0, td_hit_s=0.0, td_miss_s=0.0)
-
-
-def iteration_time(tf: float, tb: float, tu: float, td: float, tw: float, tc: float, pattern: int) -> float:
-    """T_iter (HOPS.md 3); pattern 1 overlaps data loading with backward and communication."""
-    busy = max(tb + TC_EXPOSED * tc, tc) + tu
-    if pattern == 1:
-        return max(td, busy) + tf + tw
-    if pattern == 2:
-        return td + busy + tf + tw
-    raise ModelError(f"pattern must be 1 or 2, got {pattern!r}")
-
-
-def allreduce_time(
-    params_bytes: float, gpus_here: int, n_servers: int, link_gbps: float, net_gbps: float
-) -> float:
-    """Tc: ring all-reduce over the `gpus_here` GPUs of one server, or the network term across servers.
-
-    Bandwidths are in GB/s (1e9 bytes per second), as in `Calibration`.
-    """
-    _require("params_bytes", params_bytes, positive=False)
-    _require_shape(gpus_here, n_servers)
-    _require("link_gbps", link_gbps, positive=True)
-    _require("net_gbps", net_gbps, positive=True)
-    if n_servers > 1:
-        return params_bytes / (net_gbps * 1e9)
-    return params_bytes / (link_gbps * 1e9) * (gpus_here - 1) / gpus_here
-
-
-def expected_iteration_time(
-    profile: TimeProfile, tc: float, compute_scale: float = 1.0, data_scale: float = 1.0
-) -> float:
-    """E[T_iter] = p_cache * T(hit) + (1 - p_cache) * T(miss); times divided by the scales."""
-    _require("tc", tc, positive=False)
-    _require("compute_scale", compute_scale, positive=True)
-    _require("data_scale", data_scale, positive=True)
-    return _iteration_time(profile, tc, compute_scale, data_scale)
-
-
-def _iteration_time(profile: TimeProfile, tc: float, compute_scale: float, data_scale: float) -> float:
-    """`expected_iteration_time` without the argument checks (the estimator's own, already valid, calls).
-
-    `iteration_time` written out for the hit and the miss (the same arithmetic in the same order): this
-    is the estimator's innermost call, a few hundred thousand times in a cold 4,096-GPU round."""
-    cs, ds, p = compute_scale, data_scale, profile.p_cache
-    tf = profile.tf_s / cs
-    busy = max(profile.tb_s / cs + TC_EXPOSED * tc, tc) + profile.tu_s / cs
-    if profile.pattern == 1:
-        hit = max(profile.td_hit_s / ds, busy) + tf + profile.tw_hit_s / ds
-        if p >= 1.0:
-            return hit
-        miss = max(profile.td_miss_s / ds, busy) + tf + profile.tw_miss_s / ds
-    else:
-        hit = profile.td_hit_s / ds + busy + tf + profile.tw_hit_s / ds
-        if p >= 1.0:
-            return hit
-        miss = profile.td_miss_s / ds + busy + tf + profile.tw_miss_s / ds
-    return p * hit + (1.0 - p) * miss
 
 
 @dataclass(slots=True)
@@ -229,7 +124,7 @@ class Estimator:
     """
 
     def __init__(self, ewma_alpha: float = 0.3) -> None:
-        if not (_is_real(ewma_alpha) and 0.0 < ewma_alpha <= 1.0):
+        if not (is_real(ewma_alpha) and 0.0 < ewma_alpha <= 1.0):
             raise ModelError(f"ewma_alpha must be within (0, 1], got {ewma_alpha!r}")
         self._alpha = float(ewma_alpha)
         self._profiles: dict[JobId, dict[GpuType, _ProfileEntry]] = {}
@@ -371,7 +266,7 @@ class Estimator:
         if entry is None:
             return None
         cal = reference if reference is not None else entry.measured_on
-        return job.batch_size / _iteration_time(
+        return job.batch_size / iteration_time_of(
             entry.effective,
             0.0,
             cal.compute_factor / entry.measured_on.compute_factor,
@@ -399,7 +294,7 @@ class Estimator:
             and hit[3] == job.params_bytes
         ):
             return hit[4]
-        _require_shape(gpus_here, n_servers)
+        require_shape(gpus_here, n_servers)
         best: tuple[float, GpuType] | None = None
         for source in profiles:
             counts = self._pairs.get((source, server.gpu_type))
@@ -469,7 +364,7 @@ class Estimator:
         layer learns measured / theoretical (the theoretical config pace, when the job's spec is known:
         from `job` or the last one seen) and the pace normalised by the slowest compute factor.
         """
-        if not (_is_real(samples_per_s) and samples_per_s > 0):
+        if not (is_real(samples_per_s) and samples_per_s > 0):
             raise ModelError(
                 f"observe: samples_per_s must be a positive finite number, got {samples_per_s!r}"
             )
@@ -541,8 +436,8 @@ class Estimator:
 
         Samples for a (job, type) without a profile are dropped: there is no theoretical layer to refine.
         """
-        _require("observe_data_time: td_s", td_s, positive=False)
-        _require("observe_data_time: tw_s", tw_s, positive=False)
+        require("observe_data_time: td_s", td_s, positive=False)
+        require("observe_data_time: tw_s", tw_s, positive=False)
         entry = self._profiles.get(job_id, {}).get(gpu_type)
         if entry is None:
             return
@@ -611,31 +506,31 @@ class Estimator:
             raise ModelError(f"estimator state: unknown version {state.get('version')!r}")
         est = cls(state["ewma_alpha"])
         for row in state["specs"]:
-            _require_count("estimator state: batch_size", row["batch_size"])
-            _require("estimator state: params_bytes", row["params_bytes"], positive=False)
+            require_count("estimator state: batch_size", row["batch_size"])
+            require("estimator state: params_bytes", row["params_bytes"], positive=False)
             est._specs[row["job"]] = (row["batch_size"], row["params_bytes"])
         for row in state["profiles"]:
             profile = TimeProfile(**row["profile"])
             data = _DataClusters(**row["data"])
             for f in fields(_DataClusters):
-                _require(f"estimator state: data.{f.name}", getattr(data, f.name), positive=False)
+                require(f"estimator state: data.{f.name}", getattr(data, f.name), positive=False)
             entry = _ProfileEntry(profile, Calibration(**row["measured_on"]), data, data.apply(profile))
             est._profiles.setdefault(row["job"], {})[row["gpu_type"]] = entry
         for row in state["entity"]:
             job, server, gpus, n, gpu_type, rate = (row[k] for k in _ENTITY_ROW)
-            _require_shape(gpus, n)
-            _require("estimator state: rate", rate, positive=True)
+            require_shape(gpus, n)
+            require("estimator state: rate", rate, positive=True)
             est._entity.setdefault(job, {})[(server, gpus, n)] = _EntityEntry(gpu_type, rate)
         for row in state["type"]:
             job, gpu_type, gpus, n, ratio, norm = (row[k] for k in _TYPE_ROW)
-            _require_shape(gpus, n)
+            require_shape(gpus, n)
             for name, value in (("ratio", ratio), ("norm_rate", norm)):
                 if value is not None:
-                    _require(f"estimator state: {name}", value, positive=True)
+                    require(f"estimator state: {name}", value, positive=True)
             est._types.setdefault(job, {})[(gpu_type, gpus, n)] = _TypeEntry(ratio, norm)
         if "pairs" in state:  # (absent from states exported before the transfer prior)
             for source, target, *counts in state["pairs"]:
-                if len(counts) != 4 or not all(_is_real(c) for c in counts):
+                if len(counts) != 4 or not all(is_real(c) for c in counts):
                     raise ModelError(f"estimator state: bad type-pair row {[source, target, *counts]!r}")
                 est._pairs[(source, target)] = [float(c) for c in counts]
         else:
@@ -655,13 +550,13 @@ class Estimator:
         else:
             tc = params / (cal.link_gbps * 1e9) * (gpus - 1) / gpus
         scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
-        return batch / _iteration_time(entry.effective, tc, scale_c, scale_d)
+        return batch / iteration_time_of(entry.effective, tc, scale_c, scale_d)
 
     def _fill(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int) -> _Cached:
         """Answer a cache miss and cache it. Written flat: a cold 4,096-GPU round asks about 180,000
         of these (the theoretical layer is cheap enough to recompute after an observation)."""
         if not (type(gpus_here) is int and type(n_servers) is int and gpus_here >= 1 and n_servers >= 1):
-            _require_shape(gpus_here, n_servers)  # raises with the message naming the bad value
+            require_shape(gpus_here, n_servers)  # raises with the message naming the bad value
         jid, batch, params = job.id, job.batch_size, job.params_bytes
         self._specs[jid] = (batch, params)
         shape = (server.id, gpus_here, n_servers)

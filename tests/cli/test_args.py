@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from hopsmgr.cli.commands import parse_gpus, submit_body
+from hopsmgr.cli.argtypes import parse_gpus
+from hopsmgr.cli.commands import submit_body
 from hopsmgr.cli.main import build_parser
 
 from .conftest import GOOD_TOKEN, FakeMaster, Result
@@ -194,7 +195,7 @@ def test_submit_input_is_checked_before_the_token(cli: Callable[..., Result]) ->
     [("512M", 512), ("8G", 8192), ("1T", 1 << 20), ("64", 64), ("1.5G", 1536), ("2GiB", 2048)],
 )
 def test_mem_sizes(text: str, mib: int) -> None:
-    from hopsmgr.cli.commands import parse_mem
+    from hopsmgr.cli.argtypes import parse_mem
 
     assert parse_mem(text) == mib
 

@@ -13,7 +13,8 @@ import pytest
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.control.commands import ProfilingWaits
-from hopsmgr.core.estimator import Estimator, expected_iteration_time
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.iteration import expected_iteration_time
 from hopsmgr.core.model import Calibration, ModelError, Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master import persist

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from hopsmgr.core.estimator import expected_iteration_time
+from hopsmgr.core.iteration import expected_iteration_time
 from hopsmgr.core.model import Server
 from hopsmgr.sim.emulated import EmulatedModel, EmulatedWorld
 

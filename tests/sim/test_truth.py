@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hopsmgr.core.estimator import expected_iteration_time
+from hopsmgr.core.iteration import expected_iteration_time
 from hopsmgr.core.model import Server
 from hopsmgr.sim import truth
 from hopsmgr.sim.truth import gavel_world, paper_world, world_by_name

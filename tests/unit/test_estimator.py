@@ -9,13 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hopsmgr.core.estimator import (
-    Estimator,
-    TimeProfile,
-    allreduce_time,
-    expected_iteration_time,
-    iteration_time,
-)
+from hopsmgr.core.estimator import Estimator
+from hopsmgr.core.iteration import TimeProfile, allreduce_time, expected_iteration_time, iteration_time
 from hopsmgr.core.model import Calibration, Config, JobSpec, ModelError
 from tests.helpers.builders import job_spec
 from tests.helpers.builders import server as make_server

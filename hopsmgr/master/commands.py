@@ -168,6 +168,11 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
                 nc.RESUME: "1" if attempt.resume else "0",
                 nc.RDZV_ENDPOINT: rendezvous,
             }
+            # a node whose slots are not GPUs (devices "cpu" or "emulated") grants none: CUDA is asked
+            # to show none, so a job there does not take a real GPU of the machine (slot 0 as GPU 0)
+            slots_only = node.device_mode in ("cpu", "emulated")
+            if slots_only:
+                env[nc.VISIBLE_DEVICES] = ""
             if isinstance(command, LaunchAttempt) and command.shares:
                 env[nc.RANK_SHARES] = format_shares(command.shares)
                 env[nc.FIRST_RANK] = str(sum(g for _, g in parts[:rank]))
@@ -182,7 +187,7 @@ async def launch(ctl: Controller, command: LaunchAttempt | StartProfiling) -> No
                 argv=argv,
                 mode="profile" if profiling else "run",
                 gpus=gpus,
-                visible_devices=list(attempt.devices.get(node_id, ())),
+                visible_devices=[] if slots_only else list(attempt.devices.get(node_id, ())),
                 env=env,
                 cwd=payload.workdir,
                 # shared: one directory on the shared filesystem; else the node's own (the default)

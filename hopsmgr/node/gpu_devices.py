@@ -91,7 +91,7 @@ def rules_for(env: Mapping[str, str], driver_gpus: Path = DRIVER_GPUS) -> Device
         return _all_fenced(f"the node's GPU listing cannot be read ({exc})")
     if gpus is None or not (gpus.counted or gpus.excluded):
         return NO_RULES  # no NVIDIA driver here: nothing to fence
-    if granted is None:
+    if granted is None or not granted.strip():  # "": granted none (a node of slots, not GPUs)
         return _all_fenced("no GPUs were granted to this attempt")
     ids = [part.strip() for part in granted.split(",")]
     indices = [int(part) for part in ids if part.isascii() and part.isdigit()]

@@ -10,6 +10,7 @@ ends with the same parameters, bit for bit, as one uninterrupted run on the same
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from collections.abc import Iterator
@@ -58,7 +59,7 @@ def _gpu_kind() -> Kind:
 
 @pytest.fixture(params=["cpu", "nvml"])
 def real_node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[LocalCluster, Kind]]:
-    kind = Kind("cpu", "cpu", 1, "cpu", "measured-cpu", 3000) if request.param == "cpu" else _gpu_kind()
+    kind = Kind("cpu", "cpu", 1, "cpu", "measured-cpu", 12000) if request.param == "cpu" else _gpu_kind()
     node = Node("node01", kind.gpu_type, kind.gpus, devices=kind.devices)
     cluster = LocalCluster(tmp_path, [node], tenants=TENANTS)
     try:
@@ -69,13 +70,14 @@ def real_node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[
         cluster.close()
 
 
-def _cnn(iters: int) -> list[str]:
-    return [PYTHON, CNN, "--iters", str(iters), "--batch-size", "32", "--log-every", "0", "--threads", "1"]
+def _cnn(iters: int, device: str) -> list[str]:
+    args = [PYTHON, CNN, "--iters", str(iters), "--batch-size", "32", "--log-every", "0", "--threads", "1"]
+    return [*args, "--device", device]
 
 
-def _submit(cluster: LocalCluster, tenant: str, iters: int, name: str, gpus: int = 1) -> str:
+def _submit(cluster: LocalCluster, kind: Kind, tenant: str, iters: int, name: str, gpus: int = 1) -> str:
     args = ["submit", "--gpus", str(gpus), "--batch-size", "32", "--iters", str(iters), "--tenant", tenant]
-    return cluster.cli(*args, "--name", name, "--", *_cnn(iters)).stdout.strip()
+    return cluster.cli(*args, "--name", name, "--", *_cnn(iters, kind.torch_device)).stdout.strip()
 
 
 def _digest(text: str) -> str:
@@ -88,7 +90,17 @@ def test_a_measured_node_is_calibrated_runs_jobs_on_its_devices_and_resumes_exac
     real_node: tuple[LocalCluster, Kind],
 ) -> None:
     cluster, kind = real_node
+    # the same job run once, uninterrupted, on the same device outside hopsmgr (beside the rest)
+    alone = subprocess.Popen(_cnn(kind.guest_iters, kind.torch_device), stdout=subprocess.PIPE, text=True)
+    try:
+        _drive(cluster, kind, alone)
+    finally:
+        if alone.poll() is None:
+            alone.kill()
+        alone.communicate()
 
+
+def _drive(cluster: LocalCluster, kind: Kind, alone: subprocess.Popen[str]) -> None:
     def node() -> dict[str, Any]:
         return dict(cluster.api("GET", "/api/v1/nodes/node01"))
 
@@ -103,16 +115,22 @@ def test_a_measured_node_is_calibrated_runs_jobs_on_its_devices_and_resumes_exac
     assert "node01" in table and "(emulated)" not in table, table
 
     # the borrower holds every GPU, so the owner's guaranteed one must come from it
-    guest = _submit(cluster, "nlp", kind.guest_iters, "guest", kind.gpus)
+    guest = _submit(cluster, kind, "nlp", kind.guest_iters, "guest", kind.gpus)
     cluster.wait_state(guest, "RUNNING", timeout=120)
     wait_for(
         lambda: cluster.job(guest)["progress"] > 0.02, 120, "the guest's progress", lambda: cluster.job(guest)
     )
-    owner = _submit(cluster, "vision", 100, "owner")
+    owner = _submit(cluster, kind, "vision", 100, "owner")
     done = cluster.wait_state(owner, "COMPLETED", timeout=240)
     assert f"device {kind.torch_device}" in cluster.cli("logs", owner).stdout
     owner_run = [a for a in done["attempts"] if not a["profiling"]][-1]
     assert owner_run["placement"] == {"node01": 1} and len(owner_run["devices"]["node01"]) == 1, owner_run
+    spec = json.loads(
+        (cluster.root / "nodes" / "node01" / "attempts" / owner_run["id"] / "spec.json").read_text()
+    )
+    # a cpu node's slots are not GPUs: CUDA is asked to show none (on a GPU machine too)
+    granted = "" if kind.devices == "cpu" else ",".join(map(str, owner_run["devices"]["node01"]))
+    assert spec["env"]["CUDA_VISIBLE_DEVICES"] == granted, spec["env"]
 
     finished = cluster.wait_state(guest, "COMPLETED", timeout=300)
     kinds = [h["kind"] for h in finished["history"]]
@@ -126,14 +144,8 @@ def test_a_measured_node_is_calibrated_runs_jobs_on_its_devices_and_resumes_exac
     measured = [t for t in cluster.job(guest)["throughput"] if t["placement"] == {"node01": kind.gpus}]
     assert measured and measured[0]["measured_last"] > 0, measured
 
+    out, _ = alone.communicate(timeout=600)
+    assert alone.returncode == 0, out[-2000:]
     if kind.gpus != 1:
-        return  # one process on several GPUs' samples: no plain run outside hopsmgr to compare with
-    # the same job run once, uninterrupted, on the same device outside hopsmgr: the same parameters
-    alone = subprocess.run(
-        [*_cnn(kind.guest_iters), "--device", kind.torch_device],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
-    assert _digest(log) == _digest(alone.stdout)
+        return  # one process on several GPUs' samples: the plain run is not the same job
+    assert _digest(log) == _digest(out)

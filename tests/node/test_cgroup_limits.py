@@ -94,7 +94,8 @@ def test_a_grant_that_cannot_be_mapped_fences_every_gpu(tmp_path: Path) -> None:
         ({"CUDA_VISIBLE_DEVICES": "0,0"}, "not indices"),
         ({"CUDA_VISIBLE_DEVICES": "0,00"}, "not indices"),
         ({"CUDA_VISIBLE_DEVICES": "\u00b2"}, "not indices"),
-        ({"CUDA_VISIBLE_DEVICES": ""}, "not indices"),
+        ({"CUDA_VISIBLE_DEVICES": ""}, "no GPUs were granted"),  # a node of slots, not GPUs
+        ({"CUDA_VISIBLE_DEVICES": " "}, "no GPUs were granted"),
     ):
         rules = gpu_devices.rules_for(env, driver)
         assert set(rules.deny) == every and rules.visible == "" and why in rules.note, env

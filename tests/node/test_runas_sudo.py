@@ -128,8 +128,10 @@ def wait_exit(node: Node, attempt: str, timeout: float = 60) -> dict[str, Any]:
 def test_a_service_account_runs_jobs_as_users_through_sudo(node: Node) -> None:
     w = str(node.workdir)
     argv = ["/bin/sh", "-c", "id -un; sleep 600 & sleep 600"]
+    # granted a GPU as the master grants one (on a server with an NVIDIA driver an attempt granted none
+    # is fenced off every GPU, and its log begins with a line saying so)
     node.wrapper("launch", "--workdir", w, "--attempt", "a-000001", "--job", "j-000001", "--epoch", "1",
-                 "--run-as", USER, "--", *argv)  # fmt: skip
+                 "--gpus", "1", "--visible-devices", "0", "--run-as", USER, "--", *argv)  # fmt: skip
     time.sleep(1)
     log = node.wrapper("logs", "--workdir", w, "--attempt", "a-000001")["log"]
     assert log.splitlines()[0] == USER

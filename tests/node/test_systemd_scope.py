@@ -380,6 +380,7 @@ def test_a_service_account_gets_scopes_through_sudo(
     w = str(via.workdir)
     argv = ["/bin/sh", "-c", "tail -n 1 /proc/self/cgroup; id -un; sleep 600 & sleep 600"]
     via.wrapper("launch", "--workdir", w, "--attempt", "a-000011", "--job", "j-000011", "--epoch", "1",
+                 "--gpus", "1", "--visible-devices", "0",  # granted as the master grants (no fence note)
                  "--run-as", sudo_node.user.pw_name, "--", *argv)  # fmt: skip
     cg = cgroup.attempt_cgroup(via.workdir, "a-000011", cgroup.hierarchies(PURE_V2, systemd=True))
     assert cg is not None and cg.unit is not None

@@ -192,10 +192,8 @@ def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool 
         if forecast.get("horizon") is None or not forecast.get("futures"):
             return DASH
         since = now if aged else float(made or now)
-        return (
-            f"not within {_beyond(forecast, since)[1:]} (in none of {number(forecast.get('futures'))}"
-            " sampled futures, or too few of them, within their horizon)"
-        )
+        shown = {**forecast, "made": now} if aged else forecast
+        return f"not within {_beyond(forecast, since)[1:]} ({_within(shown, what)})"
     if aged:  # waits from now, not from when it was made (a round's forecast reads as current)
         forecast = {**forecast, "made": now}
     p10, p50, p90 = (forecast_span(forecast, what, (q,)) for q in ("p10", "p50", "p90"))
@@ -203,6 +201,21 @@ def _forecast_line(forecast: Mapping[str, Any] | None, what: str, *, aged: bool 
     passed = forecast.get(f"{what}_p50")
     late = f"; its P50 passed {duration(now - float(passed))} ago" if aged and passed and passed < now else ""
     return f"in {p50} (P10 {p10}, P90 {p90}; {number(forecast.get('futures'))} sampled futures{age}{late})"
+
+
+def _within(forecast: Mapping[str, Any], what: str) -> str:
+    """How many of the sampled futures reached the job's start (or end) within their horizon."""
+    futures = int(forecast.get("futures") or 0)
+    share = forecast.get("start_within") if what == "start" else None
+    if share is None:
+        return f"in none of {futures} sampled futures, or too few of them, within their horizon"
+    sooner = round(float(share) * futures)
+    if not sooner:
+        return f"in none of {futures} sampled futures within their horizon"
+    early = forecast_span(forecast, what, ("p10",)) if forecast.get(f"{what}_p10") is not None else None
+    return f"{futures - sooner} of {futures} sampled futures; the other {sooner} started it sooner" + (
+        f", P10 {early}" if early else ""
+    )
 
 
 def _what_if_lines(what_if: Mapping[str, Any] | None) -> list[tuple[str, str]]:

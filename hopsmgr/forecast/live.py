@@ -67,6 +67,10 @@ class JobForecast:
     made: float
     # how far every future looked (Unix time): a null quantile says "not before this" (None: unknown)
     horizon: float | None = None
+    # the share of the futures that started the job within the horizon (None: it does not wait). On an
+    # overloaded cluster a wide or long job either starts soon or waits until the arrivals ebb: a start
+    # P50 of None beside a P10 says "not within the horizon in most futures, soon in the others"
+    start_within: float | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {
@@ -79,6 +83,7 @@ class JobForecast:
             "futures": self.futures,
             "made": self.made,
             "horizon": self.horizon,
+            "start_within": self.start_within,
         }
 
 

@@ -88,5 +88,6 @@ def forecast(
             futures=len(f),
             made=live.now,
             horizon=live.now + settings.future.horizon_s,
+            start_within=sum(1 for t in s if math.isfinite(t)) / len(s) if waits and s else None,
         )
     return out

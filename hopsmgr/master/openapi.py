@@ -63,6 +63,9 @@ FORECAST = Nullable(
             "horizon": Nullable(
                 Num(description="how far the futures looked: a null quantile says not before this")
             ),
+            "start_within": Nullable(
+                Num(0.0, 1.0, description="share of the futures that started the job within the horizon")
+            ),
         },
     )
 )

@@ -80,6 +80,12 @@ def test_explain_says_a_start_no_future_reached_is_past_the_horizon_and_a_runnin
     assert "forecast end:   not within 14d00h" in line, line
     running = render.explain_text({"id": "j", "state": "RUNNING", "forecast": beyond})
     assert "forecast start: -" in running and "forecast end:   not within 14d" in running, running
+    # where the answer says how many futures started it sooner (too few for a P50: a bimodal outcome)
+    some = beyond | {"futures": 10, "start_within": 0.3, "start_p10": now + 9000}
+    line = render.explain_text({"id": "j", "state": "QUEUED", "forecast": some})
+    assert "not within 14d00h (7 of 10 sampled futures; the other 3 started it sooner, P10 2h30m)" in line
+    none = render.explain_text({"id": "j", "state": "QUEUED", "forecast": beyond | {"start_within": 0.0}})
+    assert "not within 14d00h (in none of 3 sampled futures within their horizon)" in none, none
 
 
 def test_explain_counts_a_forecasts_waits_from_now_also_without_its_made() -> None:

@@ -48,6 +48,10 @@ def test_the_queue_page_shows_a_forecast_whose_quantiles_are_open() -> None:
     data = {"jobs": [waiting("j3", beyond)], "reasons": {}}
     page = pages.queue(data, Principal("ana", "vision"), None, now)
     assert page.count("after 14d 00h") == 2, page
+    # some futures started it sooner: how many, beside its start
+    some = dict(beyond, futures=10, start_within=0.3, start_p10=now + 9000)
+    page = pages.queue({"jobs": [waiting("j4", some)], "reasons": {}}, Principal("ana", "vision"), None, now)
+    assert "after 14d 00h <small>3 of 10 futures sooner</small>" in page, page
 
 
 def test_the_queue_page_shows_the_rough_wait_only_where_there_is_no_start_forecast() -> None:

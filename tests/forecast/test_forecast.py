@@ -580,6 +580,10 @@ def test_the_horizon_counts_from_now_and_a_start_past_it_is_not_before_it() -> N
     assert j2.start_p10 is None and j2.start_p50 is None and j2.horizon == live.now + horizon_s
     assert whole["j2"].start_p50 is not None and whole["j2"].start_p50 > live.now + horizon_s
     assert j2.as_dict()["horizon"] == live.now + horizon_s
+    # the share of the futures that started each waiting job within the horizon (none for j2, every
+    # one for j1), and none for a job that no longer waits
+    assert j2.start_within == 0.0 and result["j1"].start_within == 1.0
+    assert result["j0"].start_within is None and j2.as_dict()["start_within"] == 0.0
 
 
 def test_a_job_waiting_for_a_held_job_arrives_after_it_and_starts_after_it_ends() -> None:

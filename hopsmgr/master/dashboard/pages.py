@@ -92,8 +92,11 @@ def _forecast_cells(job: Data, now: float) -> tuple[str, str]:
     cells = []
     for what in ("start", "finish"):
         waits = what == "finish" or job.get("state") in WAITING  # else it has no start to forecast
-        if waits and f[f"{what}_p50"] is None and f.get("horizon") is not None:  # no future reached it
-            cells.append(f"after {_until(f['horizon'], now)}")
+        if waits and f[f"{what}_p50"] is None and f.get("horizon") is not None:  # most futures did not
+            within = f.get("start_within") if what == "start" else None
+            sooner = round(float(within) * f["futures"]) if within else 0
+            note = f" <small>{sooner} of {f['futures']} futures sooner</small>" if sooner else ""
+            cells.append(f"after {_until(f['horizon'], now)}{note}")
         else:
             cells.append(f"in {_until(f[f'{what}_p50'], now)} <small>P90 {_p90(f, what, now)}</small>")
     return cells[0], cells[1]

@@ -4,7 +4,8 @@
 window, configurations with estimated throughput, and the prior-weighted program; running jobs take
 part and keep their configuration unless moving pays for the restart penalty. `plan_fragments` (kind
 "fragment") plans only the idle GPUs later in a round, for queued jobs of the window extended by the
-sensitivity adjustment. `profiling_runs` lists the profiling queue's runs for new jobs.
+sensitivity adjustment. `profiling_runs` (the profiling queue's runs for new jobs) and
+`unplaceable_reason` live in hopsmgr.core.admission and are re-exported here.
 
 Small instances are solved exactly over location-specific configurations; large ones over server
 classes (hopsmgr.core.classes) with a mapping step. The caller injects `timer`; nothing here reads a
@@ -13,14 +14,14 @@ clock or does I/O beyond handing the program to CBC.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import fairshare, ilp, quota, reserve
+from hopsmgr.core import fairshare, quota, reserve
+from hopsmgr.core.admission import gpus_per_type, profiling_runs, unplaceable_reason
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import (
     ClusterSnapshot,
@@ -62,6 +63,7 @@ from hopsmgr.core.program import (
     preemption_cost_s,
     protected,
     restart_factor,
+    solve_exact,
     tenant_resources,
 )
 from hopsmgr.core.settings import SchedulerSettings
@@ -151,86 +153,6 @@ def _ahead_s(view: JobView, settings: SchedulerSettings) -> float:
     return ahead
 
 
-def unplaceable_reason(
-    job: JobSpec,
-    servers: Iterable[Server],
-    estimator: Estimator,
-    type_gpus: Mapping[GpuType, int] | None = None,
-    mixed: bool = False,
-) -> str | None:
-    """Why `job` can never run on these servers (whatever else runs), or None if it can.
-
-    `type_gpus` (GPUs of `servers` per type) may be passed when asking for many jobs at once. With
-    `mixed` (the `mixed_types` setting) a placement may span the profiled types."""
-    if type_gpus is None:
-        type_gpus = _gpus_per_type(servers)
-    if not type_gpus:
-        return "no server is available"
-    profiled = estimator.profiled_types(job.id)
-    known = [t for t in type_gpus if t in profiled]
-    if not known:
-        return "no throughput estimate on any available GPU type (not profiled)"
-    if job.one_server:
-        largest_server = max((s.gpus for s in servers if s.gpu_type in profiled), default=0)
-        if job.requirements.minimum > largest_server:
-            return (
-                f"smallest requirement {job.requirements.minimum} GPUs exceeds the {largest_server} GPUs "
-                "of the largest profiled, available server, and the job runs on one server"
-            )
-        return None
-    if mixed:
-        together = sum(type_gpus[t] for t in known)
-        if job.requirements.minimum > together:
-            return (
-                f"smallest requirement {job.requirements.minimum} GPUs exceeds the {together} GPUs of the "
-                f"profiled, available GPU types together ({', '.join(sorted(known))})"
-            )
-        return None
-    # without mixed_types, placements never mix GPU types: the job must fit one profiled type
-    largest = max(known, key=lambda t: (type_gpus[t], t))
-    if job.requirements.minimum > type_gpus[largest]:
-        return (
-            f"smallest requirement {job.requirements.minimum} GPUs exceeds the {type_gpus[largest]} GPUs "
-            f"of the largest profiled, available GPU type ({largest}); placements do not mix GPU types"
-        )
-    return None
-
-
-def _gpus_per_type(servers: Iterable[Server]) -> dict[GpuType, int]:
-    totals: dict[GpuType, int] = {}
-    for s in servers:
-        totals[s.gpu_type] = totals.get(s.gpu_type, 0) + s.gpus
-    return totals
-
-
-def profiling_runs(
-    pending: Sequence[JobSpec], snapshot: ClusterSnapshot, estimator: Estimator, busy: Mapping[ServerId, int]
-) -> list[ProfilingRun]:
-    """One single-GPU run per new job and missing GPU type, spread over servers with idle GPUs (the
-    server of the type with the most idle GPUs first). Stops as soon as no idle GPU is left."""
-    heaps: dict[GpuType, list[tuple[int, int, Server]]] = {}
-    for k, server in enumerate(snapshot.servers):
-        free = snapshot.capacity.get(server.id, 0) - busy.get(server.id, 0)
-        if free > 0:
-            heaps.setdefault(server.gpu_type, []).append((-free, k, server))
-    for heap in heaps.values():
-        heapq.heapify(heap)
-    runs: list[ProfilingRun] = []
-    for job in sorted(pending, key=lambda j: (j.submit_time, j.id)):
-        if not heaps:
-            break
-        for gpu_type in sorted(heaps):
-            if estimator.has_profile(job.id, gpu_type):
-                continue
-            neg_free, k, server = heapq.heappop(heaps[gpu_type])
-            runs.append(ProfilingRun(job.id, server.id, gpu_type))
-            if neg_free + 1 < 0:
-                heapq.heappush(heaps[gpu_type], (neg_free + 1, k, server))
-            if not heaps[gpu_type]:
-                del heaps[gpu_type]
-    return runs
-
-
 def queue_order(
     snapshot: ClusterSnapshot,
     estimator: Estimator,
@@ -310,7 +232,7 @@ def _plan(
         weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]
     unplaceable: dict[JobId, str] = {}
-    type_gpus = _gpus_per_type(usable_servers)
+    type_gpus = gpus_per_type(usable_servers)
     for view in ordered:
         mixed = settings.mixed_types and view.spec.runtime
         reason = unplaceable_reason(view.spec, usable_servers, estimator, type_gpus, mixed)
@@ -586,53 +508,8 @@ def _solve(
         settings.solver == "auto" and estimate <= settings.exact_max_variables
     )
     if exact or not jobs:
-        return _solve_exact(state, jobs, window, free, running, clock)
+        return solve_exact(state, jobs, window, free, running, clock)
     return class_model.solve_by_classes(state, jobs, window, free, running, clock)
-
-
-def _solve_exact(
-    state: RoundState,
-    jobs: Sequence[JobView],
-    window: set[JobId],
-    free: Mapping[ServerId, int],
-    running: Mapping[JobId, Config],
-    clock: Timer,
-) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
-    t0 = clock()
-    options, option_configs, capacity = build_exact_program(state, jobs, window, free, running)
-    t_cfg = clock()
-    warm = {o.item: k for k, o in enumerate(options) if option_configs[k] == running.get(jobs[o.item].id)}
-    solution = ilp.solve(
-        options,
-        capacity,
-        ilp.SolveOptions(
-            gap=state.settings.gap,
-            time_limit_s=state.settings.time_limit_s,
-            warm_start=warm,
-            priority_order=tuple(range(len(jobs))),
-            timer=clock,
-            deadline=state.deadline,
-            cbc_path=state.settings.cbc_path or None,
-            local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow
-        ),
-    )
-    assignment = {jobs[i].id: option_configs[o] for i, o in solution.choice.items()}
-    explain = explain_candidates(jobs, options, option_configs, state)
-    stats = SolverStats(
-        method=solution.method,
-        model="exact",
-        variables=solution.variables,
-        constraints=solution.constraints,
-        config_s=t_cfg - t0,
-        build_s=solution.build_s,
-        solve_s=solution.solve_s,
-        objective=solution.objective,
-        bound=solution.bound,
-        gap=solution.gap,
-        proven=solution.proven,
-        fallback=solution.fallback,
-    )
-    return assignment, stats, explain
 
 
 def _base_rate(

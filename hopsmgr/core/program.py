@@ -2,20 +2,21 @@
 
 Shared by the exact model (hopsmgr.core.planner) and the class model (hopsmgr.core.classes): the
 values of options ((prio + bias)^lambda * G with the restart penalty), tenant cap rows, the program
-over location-specific configurations, and the top candidates per job for `Plan.explain`.
+over location-specific configurations and its solution (`solve_exact`), and the top candidates per
+job for `Plan.explain`.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
-from hopsmgr.core.plan import CandidateView
+from hopsmgr.core.plan import CandidateView, SolverStats
 from hopsmgr.core.settings import SchedulerSettings
 
 
@@ -250,3 +251,51 @@ def _keep_candidate(
 
 def fits_capacity(config: Config, capacity: Mapping[ServerId, int]) -> bool:
     return all(capacity.get(sid, 0) >= g for sid, g in config.parts)
+
+
+def solve_exact(
+    state: RoundState,
+    jobs: Sequence[JobView],
+    window: set[JobId],
+    free: Mapping[ServerId, int],
+    running: Mapping[JobId, Config],
+    clock: Callable[[], float],
+) -> tuple[dict[JobId, Config], SolverStats, dict[JobId, tuple[CandidateView, ...]]]:
+    """Build the location-specific program of `jobs` over the `free` GPUs and solve it with CBC
+    (hopsmgr.core.ilp): each job's chosen configuration, the solver's figures and each job's
+    candidates as the program weighed them."""
+    t0 = clock()
+    options, option_configs, capacity = build_exact_program(state, jobs, window, free, running)
+    t_cfg = clock()
+    warm = {o.item: k for k, o in enumerate(options) if option_configs[k] == running.get(jobs[o.item].id)}
+    solution = ilp.solve(
+        options,
+        capacity,
+        ilp.SolveOptions(
+            gap=state.settings.gap,
+            time_limit_s=state.settings.time_limit_s,
+            warm_start=warm,
+            priority_order=tuple(range(len(jobs))),
+            timer=clock,
+            deadline=state.deadline,
+            cbc_path=state.settings.cbc_path or None,
+            local_rows=sum(1 for n in free.values() if n > 0),  # servers; tenant rows follow
+        ),
+    )
+    assignment = {jobs[i].id: option_configs[o] for i, o in solution.choice.items()}
+    explain = explain_candidates(jobs, options, option_configs, state)
+    stats = SolverStats(
+        method=solution.method,
+        model="exact",
+        variables=solution.variables,
+        constraints=solution.constraints,
+        config_s=t_cfg - t0,
+        build_s=solution.build_s,
+        solve_s=solution.solve_s,
+        objective=solution.objective,
+        bound=solution.bound,
+        gap=solution.gap,
+        proven=solution.proven,
+        fallback=solution.fallback,
+    )
+    return assignment, stats, explain

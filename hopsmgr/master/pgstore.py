@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from hopsmgr.master.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError
+from hopsmgr.master.migrations import MIGRATIONS, SCHEMA_VERSION
+from hopsmgr.master.store import Store, StoreError
 
 try:
     import psycopg

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from hopsmgr.master.migrations import MIGRATIONS, SCHEMA_VERSION
 from hopsmgr.master.pgstore import DeposedError, PgStore, pg_ddl, pg_sql
 from hopsmgr.master.settings import MasterSettings
-from hopsmgr.master.store import MIGRATIONS, SCHEMA_VERSION, Store, StoreError, hash_token, open_store
+from hopsmgr.master.store import Store, StoreError, hash_token, open_store
 from tests.helpers.postgres import PgBouncer, PostgresServer
 from tests.master.conftest import Backend
 

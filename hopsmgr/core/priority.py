@@ -181,6 +181,23 @@ def srtf_lr_value(
     return _smaller_first(remaining_run_s(view, ctx)) + max(0.0, ratio - guard)
 
 
+def critical_path_jobs(
+    remaining_s: Mapping[JobId, float], gpus: Mapping[JobId, float], total_gpus: int, horizon_s: float
+) -> frozenset[JobId]:
+    """[ours] The jobs on the critical path of the backlog's makespan, from each live job's remaining
+    run time and GPU count (jobs of unknown size, math.inf, left out). The backlog cannot end before
+    `bound` = max(drain time, longest remaining run time), the drain time being the remaining work
+    (run time x GPUs) over the cluster's GPUs. A job whose remaining run time is within `horizon_s` of
+    that bound ends after it if it is not served over the horizon; the shortest-remaining order would
+    serve it last of all, and the backlog's makespan would be its wait plus its run."""
+    known = {job_id: r for job_id, r in remaining_s.items() if math.isfinite(r) and r > 0}
+    if not known:
+        return frozenset()
+    drain = sum(r * gpus.get(job_id, 1.0) for job_id, r in known.items()) / max(total_gpus, 1)
+    bound = max(drain, max(known.values()))
+    return frozenset(job_id for job_id, r in known.items() if r >= bound - horizon_s)
+
+
 def _smaller_first(seconds: float) -> float:
     """Map a duration to (0, 1], decreasing: 1 / (1 + hours); an infinite duration maps to 0.0."""
     if not math.isfinite(seconds):

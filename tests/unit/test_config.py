@@ -223,6 +223,7 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("scheduler reserve min gpus", "lambda = 2", "reserve_min_gpus = 0", "scheduler.reserve_min_gpus", "0"),
     ("scheduler reserve lr", "lambda = 2", "reserve_after_lr = -1.0", "scheduler.reserve_after_lr", "-1.0"),
     ("scheduler lr guard", "lambda = 2", "lr_guard = -0.5", "scheduler.lr_guard", "-0.5"),
+    ("scheduler critical path", "lambda = 2", "critical_path = 1", "scheduler.critical_path", "1"),
     ("scheduler move gain", "lambda = 2", "move_min_gain = -0.1", "scheduler.move_min_gain", "-0.1"),
     ("scheduler gain base", "lambda = 2", 'gain_base = "largest"', "scheduler.gain_base", "'largest'"),
     (

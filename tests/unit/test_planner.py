@@ -495,6 +495,28 @@ def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) ->
         assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})
 
 
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_srtf_lr_with_critical_path_keeps_the_job_that_sets_the_makespan(critical_path: bool) -> None:
+    # Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) waits. The remaining work drains in
+    # 6.6 h, so r alone sets the backlog's makespan. Shortest-remaining order preempts r for q; on the
+    # critical path r ranks as if one past its guard, and x, the next longest, makes room instead.
+    def job(jid: str, samples: float) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    q = JobView(job("q", 1e5), waited_s=60.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=critical_path)
+    plan = plan_round(snapshot(servers, [r, x, q]), profiled(r, x, q), settings_)
+    assert "q" in plan.assignments
+    kept = "r" if critical_path else "x"
+    assert set(plan.assignments) == {"q", kept}
+    assert plan.assignments[kept] == C(a0=1)
+    if critical_path:
+        assert plan.priorities["r"] > plan.priorities["q"]
+
+
 @pytest.mark.parametrize(
     ("priority", "gain_base", "divides_by"),
     [

@@ -14,6 +14,7 @@ from hopsmgr.core.priority import (
     DEFAULT_LR_GUARD,
     PRIORITY_KINDS,
     PriorityContext,
+    critical_path_jobs,
     estimated_wait_s,
     expected_run_s,
     ftf_rho,
@@ -259,6 +260,35 @@ def test_srtf_lr_tenant_weight_multiplies_the_value() -> None:
     weighted = priority_values("srtf_lr", views, ctx_q(tenant_weight={"gold": 0.1}))
     assert weighted["a"] == pytest.approx(0.1 * plain["a"])
     assert weighted["b"] == pytest.approx(plain["b"])
+
+
+# --- the critical path of the backlog's makespan ---------------------------------------------------------
+
+
+def test_critical_path_is_the_longest_job_when_it_outlasts_the_drain() -> None:
+    # 8 GPUs; remaining work 10 h x 1 + 2 h x 4 + 1 h x 2 = 20 GPU-hours: drained in 2.5 h, so the
+    # bound is the 10-h job, and only a job within the horizon (one round) of it is on the path
+    remaining = {"long": 36_000.0, "near": 36_000.0 - 100.0, "mid": 7_200.0, "short": 3_600.0}
+    gpus = {"long": 1.0, "near": 1.0, "mid": 4.0, "short": 2.0}
+    assert critical_path_jobs(remaining, gpus, 8, 120.0) == {"long", "near"}
+    assert critical_path_jobs(remaining, gpus, 8, 60.0) == {"long"}
+
+
+def test_critical_path_under_a_long_drain_is_every_job_that_lasts_as_long() -> None:
+    # 2 GPUs and 3 h x 2 + 2.9 h x 2 + 1 h x 2 GPUs of work: a 6.9-h drain outlasts every job, so none is on
+    # the path until a job's remaining run reaches the drain, less the horizon
+    remaining = {"a": 3 * 3600.0, "b": 2.9 * 3600.0, "c": 3600.0}
+    gpus = dict.fromkeys(remaining, 2.0)
+    assert critical_path_jobs(remaining, gpus, 2, 120.0) == frozenset()
+    assert critical_path_jobs(remaining, gpus, 2, 4 * 3600.0) == {"a", "b"}
+
+
+def test_critical_path_leaves_out_jobs_of_unknown_size_and_finished_ones() -> None:
+    remaining = {"unknown": math.inf, "done": 0.0, "known": 600.0}
+    gpus = dict.fromkeys(remaining, 1.0)
+    assert critical_path_jobs(remaining, gpus, 4, 0.0) == {"known"}
+    assert critical_path_jobs({"unknown": math.inf}, {"unknown": 1.0}, 4, 0.0) == frozenset()
+    assert critical_path_jobs({}, {}, 0, 0.0) == frozenset()
 
 
 def test_bad_kind_raises_naming_it() -> None:

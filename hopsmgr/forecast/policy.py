@@ -43,8 +43,9 @@ from hopsmgr.core.model import (
     spans_types,
 )
 from hopsmgr.core.plan import SolverStats
-from hopsmgr.core.planner import Plan, PlanKind, queue_order
+from hopsmgr.core.planner import Plan, PlanKind
 from hopsmgr.core.program import protected
+from hopsmgr.core.queueorder import queue_order
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.core.window import service_window
 from hopsmgr.policies.base import HopsPolicy

@@ -13,8 +13,9 @@ from hopsmgr.control.usage import current_usage
 from hopsmgr.core import fairshare
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobView
-from hopsmgr.core.planner import Plan, context_of
+from hopsmgr.core.planner import Plan
 from hopsmgr.core.priority import PriorityContext, estimated_wait_s, expected_run_s, raqlr
+from hopsmgr.core.queueorder import context_of
 from hopsmgr.forecast.live import WAITING
 from hopsmgr.master.controller import Controller
 from hopsmgr.master.executor import ExecutorError

@@ -14,8 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobSpec, Server, ServerId
-from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
+from hopsmgr.core.planner import Plan, PlanKind, SolverStats
 from hopsmgr.core.priority import priority_values
+from hopsmgr.core.queueorder import priority_context
 from hopsmgr.policies.placement import (
     arrival_order,
     idle_after,

@@ -45,8 +45,9 @@ from pulp.apis.coin_api import pulp_cbc_path
 
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView, Server, ServerId
-from hopsmgr.core.planner import Plan, PlanKind, SolverStats, priority_context
+from hopsmgr.core.planner import Plan, PlanKind, SolverStats
 from hopsmgr.core.priority import order_queue, priority_values
+from hopsmgr.core.queueorder import priority_context
 from hopsmgr.policies.placement import (
     QUEUE_ORDERS,
     QueueOrder,

@@ -460,9 +460,9 @@ def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) ->
     # q has waited 200 s less than its age: below the guard (1) on its plain ratio, past it once
     # projected over the horizon (min_attempt_s 300 + 2 x restart 60 = 420 s); r runs and also counts
     # what a preemption would add (its checkpoint and restart).
-    from hopsmgr.core.planner import priority_context
     from hopsmgr.core.priority import expected_run_s, remaining_run_s
     from hopsmgr.core.program import preemption_cost_s
+    from hopsmgr.core.queueorder import priority_context
 
     servers = [srv("a0", 1, 1.0)]
     probe = JobView(spec("q", 1))
@@ -532,8 +532,8 @@ def test_gain_base_divides_a_configuration_rate_by_the_rate_the_expected_run_tim
 ) -> None:
     # e asks for 1 or 2 GPUs (R_avg 1.5) on one type: its smallest configuration runs at the per-GPU
     # rate p, its expected run time assumes 1.5 p. G = rate / p ("smallest") or rate / (1.5 p).
-    from hopsmgr.core.planner import priority_context
     from hopsmgr.core.priority import expected_run_s
+    from hopsmgr.core.queueorder import priority_context
 
     servers = [srv("a0", 2, 1.0)]
     e = JobView(JobSpec("e", RequirementSet.of([1, 2]), 1e6, 32, restart_s=0.0))

@@ -233,8 +233,9 @@ def priority_values(kind: str, views: Sequence[JobView], ctx: PriorityContext) -
     - "srtf": 1 / (1 + remaining run in hours) (shortest remaining first);
     - "ftf": Themis rho = T_shared / T_ideal (the job furthest behind its fair finish first);
     - "srtf_lr": the SRTF value plus max(0, latency ratio - DEFAULT_LR_GUARD), times the tenant's weight
-      (`srtf_lr_value`; the planner projects the ratio over its horizon and reads the guard from the
-      settings).
+      (`srtf_lr_value`; the plans' queue order, hopsmgr.core.queueorder, projects the ratio over the
+      horizon, reads the guard from the settings and lifts the running jobs on the critical path:
+      these plain values have none of that).
 
     The bounded 1/(1+hours) form keeps ILP weights (prio + bias)^lambda in a sane numeric range. Unknown
     kind: ValueError naming it and the valid kinds.

@@ -513,8 +513,51 @@ def test_srtf_lr_with_critical_path_keeps_the_job_that_sets_the_makespan(critica
     kept = "r" if critical_path else "x"
     assert set(plan.assignments) == {"q", kept}
     assert plan.assignments[kept] == C(a0=1)
+    plain = plan_round(
+        snapshot(servers, [r, x, q]), profiled(r, x, q), replace(settings_, critical_path=False)
+    )
+    lift = 1.0 if critical_path else 0.0  # r ranks as if one past its guard; q, queued, is never lifted
+    assert plan.priorities == pytest.approx({**plain.priorities, "r": plain.priorities["r"] + lift})
+
+
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_the_critical_path_job_ranks_high_enough_to_grow_over_shorter_ones(critical_path: bool) -> None:
+    # r (2 or 4 GPUs, 20.8 h left) sets the makespan; x and y (1 GPU, 2.6 h) share the server with it
+    # and nothing waits. Lifted, r's value makes 4 GPUs worth more than x and y (what shortens the
+    # makespan, and what costs average JCT on a small cluster: docs/results.md).
+    def job(jid: str, samples: float, *counts: int) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of(counts), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 4)]
+    r = JobView(job("r", 8e6, 2, 4), current=C(a0=2), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6, 1), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    y = JobView(job("y", 1e6, 1), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=critical_path)
+    plan = plan_round(snapshot(servers, [r, x, y]), profiled(r, x, y), settings_)
     if critical_path:
-        assert plan.priorities["r"] > plan.priorities["q"]
+        assert plan.assignments == {"r": C(a0=4)}
+    else:
+        assert plan.assignments == {"r": C(a0=2), "x": C(a0=1), "y": C(a0=1)}
+
+
+def test_the_critical_path_lift_is_weighed_by_the_tenant_like_the_guard() -> None:
+    # r (10.4 h left) sets the makespan; its tenant weighs 0.5: its whole value, lift included, halves
+    def job(jid: str, samples: float, tenant: str = "default") -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, tenant=tenant, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6, "half"), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    tenants = {"half": TenantQuota("half", weight=0.5)}
+    settings_ = SchedulerSettings(
+        solver="exact", gap=0.0, priority="srtf_lr", critical_path=True, fairshare=False
+    )
+    lifted = plan_round(snapshot(servers, [r, x], tenants=tenants), profiled(r, x), settings_)
+    plain = plan_round(
+        snapshot(servers, [r, x], tenants=tenants), profiled(r, x), replace(settings_, critical_path=False)
+    )
+    assert lifted.priorities["r"] == pytest.approx(plain.priorities["r"] + 0.5)
+    assert lifted.priorities["x"] == pytest.approx(plain.priorities["x"])
 
 
 @pytest.mark.parametrize(
@@ -655,3 +698,20 @@ def test_a_fragment_plan_backfills_idle_gpus_no_window_job_can_use(backfill: boo
     assert plan.assignments.get("small") == (C(a0=1) if backfill else None)
     assert not {"big", "wide", "ran"} & set(plan.assignments)
     assert plan.idle_gpus == (1 if backfill else 2)
+
+
+def test_a_queued_job_on_the_critical_path_is_not_lifted() -> None:
+    # L, queued, is the longest job (10.4 h) and alone sets the backlog's makespan; only running jobs
+    # are lifted, so its value is the plain one
+    def job(jid: str, samples: float) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    x = JobView(job("x", 1e5), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    long_ = JobView(job("L", 4e6), waited_s=60.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=True)
+    lifted = plan_round(snapshot(servers, [x, long_]), profiled(x, long_), settings_)
+    plain = plan_round(
+        snapshot(servers, [x, long_]), profiled(x, long_), replace(settings_, critical_path=False)
+    )
+    assert lifted.priorities == pytest.approx(plain.priorities)

@@ -266,8 +266,8 @@ def test_srtf_lr_tenant_weight_multiplies_the_value() -> None:
 
 
 def test_critical_path_is_the_longest_job_when_it_outlasts_the_drain() -> None:
-    # 8 GPUs; remaining work 10 h x 1 + 2 h x 4 + 1 h x 2 = 20 GPU-hours: drained in 2.5 h, so the
-    # bound is the 10-h job, and only a job within the horizon (one round) of it is on the path
+    # 8 GPUs; remaining work 10 h x 1 + 9.97 h x 1 + 2 h x 4 + 1 h x 2 = 30 GPU-hours: drained in 3.75 h,
+    # so the bound is the 10-h job, and only a job within the horizon of it is on the path
     remaining = {"long": 36_000.0, "near": 36_000.0 - 100.0, "mid": 7_200.0, "short": 3_600.0}
     gpus = {"long": 1.0, "near": 1.0, "mid": 4.0, "short": 2.0}
     assert critical_path_jobs(remaining, gpus, 8, 120.0) == {"long", "near"}

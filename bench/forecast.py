@@ -61,7 +61,7 @@ from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.sim.engine import SimOptions, Simulation
-from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,9 +27,11 @@ from hopsmgr.core.model import Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
 from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, job_key
+from hopsmgr.sim.gavelworld import gavel_world
 from hopsmgr.sim.oracle import OracleEstimator
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.traces import read_trace, workload_from_spec
-from hopsmgr.sim.truth import World, gavel_world, paper_world
+from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob
 
 GAVEL_TYPES = frozenset({"k80", "p100", "v100"})

@@ -26,7 +26,7 @@ from hopsmgr.master.state import JobPayload
 from hopsmgr.master.store import Store
 from hopsmgr.policies.registry import make_policy
 from hopsmgr.sim.engine import SimOptions, Simulation
-from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.workload import poisson_workload
 
 WORLD = paper_world(seed=1)

@@ -33,7 +33,7 @@ from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master.state import load_attempt
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.sim.engine import SimOptions, Simulation
-from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.workload import WorkloadJob
 from tests.unit.test_core_purity import BANNED, clock_reads, imported_roots
 

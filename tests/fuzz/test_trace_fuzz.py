@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, currently_in_test_context, event, given, note, settings
 from hypothesis import strategies as st
 
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.traces import MAX_GPUS, TraceError, read_gavel_trace, read_philly_csv, read_tiresias_csv
-from hopsmgr.sim.truth import paper_world
 from hopsmgr.sim.workload import WorkloadJob
 
 WORLD = paper_world()

@@ -31,7 +31,8 @@ from hopsmgr.policies.fifo import FifoPolicy
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
 from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, job_key
 from hopsmgr.sim.oracle import OracleEstimator
-from hopsmgr.sim.truth import World, paper_world
+from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
 
 WORLD = paper_world(seed=1)

@@ -17,7 +17,7 @@ from hopsmgr.core.model import RequirementSet, Server, TenantQuota
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import make_policy
 from hopsmgr.sim.engine import SimOptions, SimResult, Simulation
-from hopsmgr.sim.truth import paper_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.workload import WorkloadJob
 
 WORLD = paper_world(seed=1)

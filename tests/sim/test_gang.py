@@ -11,8 +11,8 @@ from hopsmgr.core.model import Calibration, Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import make_policy
 from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.traces import workload_from_spec
-from hopsmgr.sim.truth import paper_world
 from hopsmgr.sim.workload import parse_workload_spec
 
 WORLD = paper_world(seed=1)

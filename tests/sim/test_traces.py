@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hopsmgr.sim.gavelworld import gavel_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.traces import (
     TraceError,
     read_gavel_trace,
@@ -19,7 +21,7 @@ from hopsmgr.sim.traces import (
     read_trace,
     workload_from_spec,
 )
-from hopsmgr.sim.truth import World, gavel_world, paper_world
+from hopsmgr.sim.truth import World
 
 DATA = Path(
     os.environ.get("HOPSMGR_SHARED_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data")

@@ -13,8 +13,10 @@ import pytest
 
 from hopsmgr.core.iteration import expected_iteration_time
 from hopsmgr.core.model import Server
-from hopsmgr.sim import truth
-from hopsmgr.sim.truth import gavel_world, paper_world, world_by_name
+from hopsmgr.sim import gavelworld, paperworld
+from hopsmgr.sim.gavelworld import gavel_world
+from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.worlds import world_by_name
 
 DATA = Path(
     os.environ.get("HOPSMGR_SHARED_DATA", Path(__file__).resolve().parents[2] / ".." / "shared" / "data")
@@ -50,8 +52,8 @@ def test_paper_world_has_twelve_models_and_five_server_kinds() -> None:
 
 
 def test_paper_docstring_table_matches_the_constants() -> None:
-    doc = truth.__doc__ or ""
-    for name, pm in truth._PAPER_MODELS.items():
+    doc = paperworld.__doc__ or ""
+    for name, pm in paperworld._PAPER_MODELS.items():
         row = next(line for line in doc.splitlines() if line.startswith(f"| {name} "))
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[1]) == pm.params_m and int(cells[2]) == pm.batch
@@ -236,7 +238,7 @@ def test_gavel_world_fills_missing_counts_and_slows_spread_jobs() -> None:
     assert r2 < r3 < r4
     assert r3 == pytest.approx(r2 * (r4 / r2) ** math.log2(1.5))
     r8 = world.true_rate(job, [(s, 8)])
-    assert isinstance(world, truth.GavelWorld)
+    assert isinstance(world, gavelworld.GavelWorld)
     assert world.steps_per_s(job, "p100", 32) * 64 == pytest.approx(r8 * (r8 / r4) ** 2)
     spread = world.true_rate(job, [(s, 4), (server("q", "p100"), 4)])
     ratio = null_steps("p100_unconsolidated", job, 8) / null_steps("p100", job, 8)
@@ -283,5 +285,5 @@ def test_gavel_world_per_server_factors_profile_and_calibration() -> None:
 
 
 def test_parse_job_type() -> None:
-    assert truth.parse_job_type("ResNet-18 (batch size 16)") == ("ResNet-18", 16)
-    assert truth.parse_job_type("CycleGAN") == ("CycleGAN", 1)
+    assert gavelworld.parse_job_type("ResNet-18 (batch size 16)") == ("ResNet-18", 16)
+    assert gavelworld.parse_job_type("CycleGAN") == ("CycleGAN", 1)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopsmgr.core.model import JobSpec
-from hopsmgr.sim.truth import gavel_world, paper_world
+from hopsmgr.sim.gavelworld import gavel_world
+from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.workload import (
     DURATION_CLASSES,
     REQUIREMENT_MENU,

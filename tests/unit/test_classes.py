@@ -56,7 +56,7 @@ def test_estimators_implement_the_protocol() -> None:
     from hopsmgr.core.estimator import Estimator
     from hopsmgr.core.model import Calibration, Server
     from hopsmgr.sim.oracle import OracleEstimator
-    from hopsmgr.sim.truth import PaperWorld
+    from hopsmgr.sim.paperworld import PaperWorld
 
     assert isinstance(Estimator(), estimates.Estimator)
     servers = {"s0": Server("s0", "v100", 4, Calibration())}

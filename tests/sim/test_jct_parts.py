@@ -1,0 +1,76 @@
+"""Tests of bench/jct_parts.py: a simulated run's average JCT split into best run time, wait and the rest."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from hopsmgr.cli.main import main
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "jct_parts.py"
+WORKLOAD = "poisson:jobs=12,rate=20"
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("jct_parts", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def jobs_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    code = main(
+        [
+            "simulate",
+            "--cluster",
+            str(Path(__file__).resolve().parents[2] / "configs" / "sim" / "paper-16.toml"),
+            "--workload",
+            WORKLOAD,
+            "--policies",
+            "hops",
+            "--seed",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
+    assert code == 0
+    return out / "jobs.csv"
+
+
+def test_the_parts_add_up_to_the_runs_average_jct(jobs_csv: Path, tmp_path: Path) -> None:
+    with jobs_csv.open(encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    avg_jct_h = sum(float(r["jct_s"]) for r in rows) / len(rows) / 3600
+    out = tmp_path / "parts.json"
+    assert (
+        load().main(["--jobs-csv", str(jobs_csv), "--workload", WORKLOAD, "--seed", "4", "--json", str(out)])
+        == 0
+    )
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["jobs"] == 12 and figures["avg_jct_h"] == pytest.approx(avg_jct_h)
+    total = figures["avg_best_run_h"] + figures["avg_wait_h"] + figures["avg_rest_h"]
+    assert total == pytest.approx(figures["avg_jct_h"])
+    # a job's best run time is a bound (up to the per-server factors it leaves out): every job profiles
+    # and waits, so the rest stays near or above zero and the best run under the JCT
+    assert 0 < figures["avg_best_run_h"] < figures["avg_jct_h"]
+    assert figures["avg_rest_h"] > -0.1 * figures["avg_best_run_h"]
+
+
+def test_a_jobs_csv_of_another_workload_is_refused(jobs_csv: Path) -> None:
+    with pytest.raises(SystemExit, match="not in the file"):
+        load().main(["--jobs-csv", str(jobs_csv), "--workload", "poisson:jobs=40,rate=20", "--seed", "4"])
+
+
+def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope.csv"
+    assert load().main(["--jobs-csv", str(missing), "--workload", WORKLOAD, "--seed", "4"]) == 2
+    assert str(missing) in capsys.readouterr().err

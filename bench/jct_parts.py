@@ -83,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.jobs_csv.is_file():
         print(f"--jobs-csv: no such file {str(args.jobs_csv)!r}", file=sys.stderr)
         return 2
-    figures = parts(args.jobs_csv, args.workload, args.seed)
+    try:
+        figures = parts(args.jobs_csv, args.workload, args.seed)
+    except ValueError as exc:
+        print(f"--workload: {exc}", file=sys.stderr)
+        return 2
     for key, value in figures.items():
         print(f"{key:22} {value:.3f}" if isinstance(value, float) else f"{key:22} {value}")
     if args.json:

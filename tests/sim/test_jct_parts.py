@@ -74,3 +74,9 @@ def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[s
     missing = tmp_path / "nope.csv"
     assert load().main(["--jobs-csv", str(missing), "--workload", WORKLOAD, "--seed", "4"]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_a_bad_workload_spec_is_named(jobs_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert load().main(["--jobs-csv", str(jobs_csv), "--workload", "nonsense:jobs=3", "--seed", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--workload" in err and "nonsense" in err

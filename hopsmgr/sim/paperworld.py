@@ -129,6 +129,37 @@ def _balanced_shares(pm: _PaperModel, mods: list[tuple[_Modules, int]], total: i
     return [v / mean for v in speeds]
 
 
+def _rate_of(pm: _PaperModel, mods: list[tuple[_Modules, int]], total: int, balanced: bool) -> float:
+    """Samples/s of a synchronous step over the parts `mods` ((one GPU's modules, GPUs) each)."""
+    size, k = pm.params_m * 4e6, len(mods)
+    comm = max(2 * (g - 1) / g * size / (m.link_gbps * 1e9) for m, g in mods)
+    if k > 1:
+        comm += 2 * (k - 1) / k * size / (min(m.net_gbps for m, _ in mods) * 1e9)
+    share = _balanced_shares(pm, mods, total) if balanced else [1.0] * len(mods)
+    dists = []  # per part: (time on a hit, time on a miss, hit probability), GPUs
+    for (m, g), f in zip(mods, share, strict=True):
+        # a speed-balanced part computes f x the batch per GPU (its forward, backward, loading)
+        m = m._replace(tf=m.tf * f, tb=m.tb * f, miss=m.miss * f)
+        miss = m.miss * (1 + m.contention * (g - 1))
+        exposed = comm * (1 - pm.overlap) + max(0.0, pm.overlap * comm - m.tb)
+        busy = m.tb + m.tu + exposed
+        hit, slow = (
+            (m.tf + max(td, busy)) if pm.pattern == 1 else td + m.tf + busy
+            for td in (miss * pm.hit_ratio, miss)
+        )
+        dists.append((hit, slow, m.p_hit, g))
+
+    def cdf(x: float) -> float:  # P(every GPU's time <= x)
+        return math.prod(((p if h <= x else 0.0) + (1 - p if m <= x else 0.0)) ** g for h, m, p, g in dists)
+
+    expected, last = 0.0, 0.0
+    for v in sorted({v for h, m, _, _ in dists for v in (h, m)}):
+        now = cdf(v)
+        expected, last = expected + v * (now - last), now
+    expected *= 1 + _JITTER * math.sqrt(2 * math.log(total))
+    return pm.batch * total / expected
+
+
 class PaperWorld(BaseWorld):
     """The Hops paper's five server kinds and twelve models (see the module docstring)."""
 
@@ -173,35 +204,33 @@ class PaperWorld(BaseWorld):
         total = check_parts(parts)
         pm = _PAPER_MODELS[self.model(model).name]
         mods = [(self._modules(pm, s, nominal), g) for s, g in parts]
-        size, k = pm.params_m * 4e6, len(parts)
-        comm = max(2 * (g - 1) / g * size / (m.link_gbps * 1e9) for m, g in mods)
-        if k > 1:
-            comm += 2 * (k - 1) / k * size / (min(m.net_gbps for m, _ in mods) * 1e9)
-        share = _balanced_shares(pm, mods, total) if parts_span_types(parts) else [1.0] * len(mods)
-        dists = []  # per part: (time on a hit, time on a miss, hit probability), GPUs
-        for (m, g), f in zip(mods, share, strict=True):
-            # a speed-balanced part computes f x the batch per GPU (its forward, backward, loading)
-            m = m._replace(tf=m.tf * f, tb=m.tb * f, miss=m.miss * f)
-            miss = m.miss * (1 + m.contention * (g - 1))
-            exposed = comm * (1 - pm.overlap) + max(0.0, pm.overlap * comm - m.tb)
-            busy = m.tb + m.tu + exposed
-            hit, slow = (
-                (m.tf + max(td, busy)) if pm.pattern == 1 else td + m.tf + busy
-                for td in (miss * pm.hit_ratio, miss)
-            )
-            dists.append((hit, slow, m.p_hit, g))
+        return _rate_of(pm, mods, total, balanced=parts_span_types(parts))
 
-        def cdf(x: float) -> float:  # P(every GPU's time <= x)
-            return math.prod(
-                ((p if h <= x else 0.0) + (1 - p if m <= x else 0.0)) ** g for h, m, p, g in dists
-            )
-
-        expected, last = 0.0, 0.0
-        for v in sorted({v for h, m, _, _ in dists for v in (h, m)}):
-            now = cdf(v)
-            expected, last = expected + v * (now - last), now
-        expected *= 1 + _JITTER * math.sqrt(2 * math.log(total))
-        return pm.batch * total / expected
+    def best_case_rates(
+        self, model: str, servers: Sequence[Server], splits: Sequence[Sequence[int]]
+    ) -> list[float]:
+        """Per split (GPU counts per server), an upper bound on `true_rate` (job factor left out) of any
+        placement of `model` giving servers among `servers` (one GPU type) those counts: every part
+        gets the best of each hidden factor and host parameter found among `servers`. The rate cannot
+        fall when a time shrinks, a hit grows likelier or a link grows faster, so no real placement of
+        that split beats it (hopsmgr.sim.bestrates)."""
+        if not servers or len({gpu_key(s.gpu_type) for s in servers}) != 1:
+            raise ValueError("best_case_rates needs servers of exactly one GPU type")
+        most = min(s.gpus for s in servers)
+        pm = _PAPER_MODELS[self.model(model).name]
+        each = [self._modules(pm, s, nominal=False) for s in servers]
+        best = _Modules(
+            tf=min(m.tf for m in each), tb=min(m.tb for m in each), tu=min(m.tu for m in each),
+            miss=min(m.miss for m in each), p_hit=max(m.p_hit for m in each),
+            contention=min(m.contention for m in each), link_gbps=max(m.link_gbps for m in each),
+            net_gbps=max(m.net_gbps for m in each),
+        )  # fmt: skip
+        rates = []
+        for split in splits:
+            if not split or any(not 0 < g <= most for g in split):
+                raise ValueError(f"split {list(split)!r} does not fit servers of {most} GPUs")
+            rates.append(_rate_of(pm, [(best, g) for g in split], sum(split), balanced=False))
+        return rates
 
     def profile(self, model: str, server: Server, rng: random.Random, rng_key: int = 0) -> TimeProfile:
         """Noisy time modules of 40 profiled iterations on one GPU of `server` (hit rate counted)."""

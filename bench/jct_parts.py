@@ -3,14 +3,16 @@ slower than its best: fewer GPUs than its largest count, a slower GPU type, rest
 
 Reads the jobs.csv of `hopsmgr simulate --out DIR` on a paper-world Poisson workload and rebuilds the
 same workload (same spec and seed) to know each job's model, work and GPU counts. A job's best run time
-is its work at the world's nominal rate on its fastest GPU type and largest count (servers of 8 GPUs),
-so it is a bound no placement beats, not a plan; per-server variation and the job-instance factor are
-left out (a few percent either way).
+is its work at its fastest best-case rate on the run's cluster (hopsmgr.sim.bestrates: every GPU type
+and host model, each of the job's counts, the best hidden factors of the group's servers, the job's own
+factor), so no placement beats it; it is a bound, not a plan. (Until 2026-12-05 it was the world's
+nominal rate on reference servers, host model A for the RTX3090s: 20-25% slower than the cluster's best
+servers, so not a bound.)
 
     hopsmgr simulate --cluster configs/sim/paper-512.toml --workload poisson:jobs=500,rate=100 \
         --policies hops-srtf-lr --seed 2 --out /tmp/s2
-    python bench/jct_parts.py --jobs-csv /tmp/s2/jobs.csv --workload poisson:jobs=500,rate=100 --seed 2 \
-        [--json FILE]
+    python bench/jct_parts.py --cluster configs/sim/paper-512.toml --jobs-csv /tmp/s2/jobs.csv \
+        --workload poisson:jobs=500,rate=100 --seed 2 [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ import json
 import sys
 from pathlib import Path
 
-from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.config import ClusterConfig
+from hopsmgr.sim.bestrates import BestRates
+from hopsmgr.sim.paperworld import PaperWorld
+from hopsmgr.sim.runner import SimInputError, parse_cluster
 from hopsmgr.sim.traces import workload_from_spec
 
 HOUR_S = 3600.0
 
 
-def parts(jobs_csv: Path, workload: str, seed: int) -> dict[str, float]:
+def parts(jobs_csv: Path, workload: str, seed: int, cluster: ClusterConfig) -> dict[str, float]:
     """Per-job means in hours (best run, wait, the rest) and the rest's split by elastic and rigid jobs."""
-    world = paper_world(seed=seed)
+    world = PaperWorld(seed=seed)
+    best_rates = BestRates(world, cluster.servers)
     jobs = workload_from_spec(workload, world, seed)
     with jobs_csv.open(encoding="utf-8") as fh:
         rows = {row["job"]: row for row in csv.DictReader(fh)}
@@ -39,17 +45,14 @@ def parts(jobs_csv: Path, workload: str, seed: int) -> dict[str, float]:
             f"--jobs-csv: {len(missing)} jobs of the workload are not in the file, e.g. {missing[0]}"
         )
     best = wait = jct = rest_elastic = rest_rigid = 0.0
+    min_rest = float("inf")
     elastic = 0
     for job in jobs:
-        rate = max(
-            world.reference_rate(job.model, count, gpu_type)
-            for gpu_type in world.gpu_types()
-            for count in job.requirements.counts
-        )
-        run_s = job.total_samples / rate
+        run_s = best_rates.best_run_s(job)
         row = rows[job.job_id]
         job_jct, job_wait = float(row["jct_s"]), float(row["wait_s"])
         best += run_s
+        min_rest = min(min_rest, job_jct - job_wait - run_s)
         wait += job_wait
         jct += job_jct
         if len(job.requirements.counts) > 1:
@@ -70,11 +73,13 @@ def parts(jobs_csv: Path, workload: str, seed: int) -> dict[str, float]:
         else 0.0,
         "avg_rest_elastic_h": rest_elastic / max(elastic, 1) / HOUR_S,
         "avg_rest_rigid_h": rest_rigid / max(n - elastic, 1) / HOUR_S,
+        "min_rest_h": min_rest / HOUR_S,  # below 0 only if a job beat its best run time: the bound broke
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cluster", required=True, help="the run's --cluster (a paper-world cluster)")
     ap.add_argument("--jobs-csv", type=Path, required=True, help="jobs.csv of hopsmgr simulate --out")
     ap.add_argument("--workload", required=True, help="the run's --workload (poisson:jobs=N,rate=R)")
     ap.add_argument("--seed", type=int, required=True, help="the run's --seed")
@@ -84,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--jobs-csv: no such file {str(args.jobs_csv)!r}", file=sys.stderr)
         return 2
     try:
-        figures = parts(args.jobs_csv, args.workload, args.seed)
+        cluster = parse_cluster(args.cluster)
+    except SimInputError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    try:
+        figures = parts(args.jobs_csv, args.workload, args.seed, cluster)
     except ValueError as exc:
         print(f"--workload: {exc}", file=sys.stderr)
         return 2

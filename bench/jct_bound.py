@@ -1,0 +1,244 @@
+"""A lower bound on the average JCT that any scheduler can reach on a paper-world Poisson workload.
+
+Issue 13 asks for an average JCT of at most 0.75 of Sia-LR's on paper-512. This bench answers whether
+any schedule could: it solves a linear relaxation of the scheduling problem whose optimum no real
+schedule can beat, so when the bound lies above the target the target is out of reach on that
+workload, whatever the algorithm. It relaxes, in the schedule's favour:
+
+- time: a slot grid (`--slot-h`, finer for the first `--fine-h` hours) over which a job's work is
+  spread freely; within a slot a job may time-share between its GPU counts;
+- GPUs: fractional, any number of each type per slot up to the type's GPUs; a job may use several
+  types at once (covers mixed-type placements, checked in tests/sim/test_jct_bound.py);
+- speed: a job on `n` GPUs of a type runs at `best_case_rate`: every server part with the best hidden
+  factors found among that type's servers (times the job's own hidden factor, which the bound knows);
+  the rate of an average `g` GPUs is the upper concave hull through the origin and the job's counts
+  (time-sharing), never above the job's fastest configuration; the work is the job's samples;
+- costs: no profiling, no checkpoint, restart or launch time, no planning rounds, no gang or server
+  boundaries.
+
+A job's completion is then at least its arrival plus its best run time, and at least the mean time of
+its work plus half its best run time (its work spreads over at least the best run time, so its mean
+lies that far before the end); a slot's work counts from the slot's start (or the arrival), and work
+past the horizon (`--horizon-h`) counts from the horizon and takes no GPUs. The program is solved with
+the CBC binary PuLP ships (its LP solver, Clp) through hopsmgr.cbc.
+
+    python bench/jct_bound.py --cluster configs/sim/paper-512.toml --workload poisson:jobs=500,rate=100 \
+        --seed 2 [--slot-h 0.25] [--fine-h 8] [--fine-slot-h 0.05] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pulp.apis.coin_api import pulp_cbc_path
+
+from hopsmgr import cbc
+from hopsmgr.config import ClusterConfig
+from hopsmgr.sim.bestrates import BestRates
+from hopsmgr.sim.paperworld import PaperWorld
+from hopsmgr.sim.runner import SimInputError, parse_cluster
+from hopsmgr.sim.traces import workload_from_spec
+from hopsmgr.sim.workload import WorkloadJob
+
+HOUR_S = 3600.0
+
+
+def concave_hull(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The upper concave hull of `points` and the origin, cut at its highest point (a job holding more
+    GPUs than it uses runs no faster)."""
+    pts = sorted({(0.0, 0.0), *points})
+    hull: list[tuple[float, float]] = []
+    for p in pts:
+        while len(hull) >= 2:
+            (x1, y1), (x2, y2) = hull[-2], hull[-1]
+            if (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1) >= 0:  # hull[-1] is under the chord
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    top = max(range(len(hull)), key=lambda i: (hull[i][1], -i))
+    return hull[: top + 1]
+
+
+@dataclass(frozen=True, slots=True)
+class JobBound:
+    """One job as the relaxation sees it: rates in fractions of its work per hour."""
+
+    job_id: str
+    arrival_h: float
+    most_gpus: int
+    best_rate: float  # its fastest configuration (1 / best run hours)
+    hulls: dict[str, list[tuple[float, float]]]  # per GPU type: (GPUs, rate) corners from the origin
+
+
+def job_bound(table: BestRates, job: WorkloadJob) -> JobBound:
+    """The job in the relaxation's units: rates as fractions of its work per hour."""
+    hulls: dict[str, list[tuple[float, float]]] = {}
+    for group, points in table.job_rates(job).items():
+        hulls[group] = concave_hull([(float(n), rate * HOUR_S / job.total_samples) for n, rate in points])
+    if not hulls:
+        raise ValueError(f"job {job.job_id}: none of its GPU counts fits the cluster")
+    best = HOUR_S / table.best_run_s(job)
+    return JobBound(job.job_id, job.arrival_s / HOUR_S, max(job.requirements.counts), best, hulls)
+
+
+def slot_grid(horizon_h: float, slot_h: float, fine_h: float, fine_slot_h: float) -> list[float]:
+    """Slot start times (hours), then the horizon: `fine_slot_h` up to `fine_h`, `slot_h` after."""
+    edges, t = [0.0], 0.0
+    while t < horizon_h - 1e-9:
+        t = min(horizon_h, t + (fine_slot_h if t < fine_h - 1e-9 else slot_h))
+        edges.append(t)
+    return edges
+
+
+def solve(
+    jobs: Sequence[JobBound],
+    capacity: dict[str, int],
+    edges: Sequence[float],
+    budget_s: float = 3600.0,
+    window_h: float = math.inf,
+) -> dict[str, float]:
+    """Build and solve the relaxation; the bound on the average JCT (hours) and the program's size."""
+    columns: list[cbc.Column] = []
+    rhs: list[float] = []
+
+    def row(bound: float) -> int:
+        rhs.append(bound)
+        return len(rhs) - 1
+
+    horizon = edges[-1]
+    slack = 10.0 * horizon + max(1.0 / j.best_rate for j in jobs)  # the scale of each job's excess
+    cap_rows = {(k, t): row(float(capacity[k])) for k in capacity for t in range(len(edges) - 1)}
+    excess_cols: list[int] = []
+    for job in jobs:
+        n_max, r = job.most_gpus, job.best_rate
+        work_row = row(-1.0)  # -(work done) <= -1
+        # mean time of the work + half the best run - (arrival + best run + excess) <= 0
+        done_row = row(job.arrival_h + 0.5 / r)
+        last = min(horizon, job.arrival_h + window_h)  # work after this counts from it, takes no GPUs
+        for t in range(len(edges) - 1):
+            start, end = edges[t], edges[t + 1]
+            if end <= job.arrival_h or start >= last:
+                continue
+            begin = max(start, job.arrival_h)
+            share = (end - begin) / (end - start)
+            length = end - start
+            rate_row, gpu_row = row(share), row(share)  # per slot: w' <= share, g' <= share
+            for gpu_type, hull in job.hulls.items():
+                w_entries = [(rate_row, 1.0), (work_row, -r * length), (done_row, begin * r * length)]
+                g_entries = [(gpu_row, 1.0), (cap_rows[gpu_type, t], float(n_max))]
+                for (x1, y1), (x2, y2) in itertools.pairwise(hull):
+                    slope = (y2 - y1) / (x2 - x1)
+                    hull_row = row(y1 - slope * x1)  # r w' - slope n_max g' <= intercept
+                    w_entries.append((hull_row, r))
+                    g_entries.append((hull_row, -slope * n_max))
+                flat_row = row(hull[-1][1])  # r w' <= the type's fastest rate
+                w_entries.append((flat_row, r))
+                columns.append((0.0, w_entries))
+                columns.append((0.0, g_entries))
+        columns.append((0.0, [(work_row, -1.0), (done_row, last)]))  # work past the window
+        excess_cols.append(len(columns))
+        columns.append((-slack / len(jobs), [(done_row, -slack)]))
+    started = time.perf_counter()
+    result = cbc.run(columns, rhs, integer=False, gap=0.0, budget_s=budget_s, path=str(pulp_cbc_path))
+    solve_s = time.perf_counter() - started
+    if result.status != "optimal":
+        raise RuntimeError(f"CBC gave no optimal answer ({result.status}) in {budget_s:.0f} s")
+    best_runs = sum(1.0 / j.best_rate for j in jobs)
+    excess = sum(result.values[c] * slack for c in excess_cols)
+    return {
+        "bound_avg_jct_h": (best_runs + excess) / len(jobs),
+        "avg_best_run_h": best_runs / len(jobs),
+        "columns": len(columns),
+        "rows": len(rhs),
+        "solve_s": solve_s,
+    }
+
+
+def bound(
+    cluster: ClusterConfig,
+    workload: str,
+    seed: int,
+    edges: Sequence[float],
+    budget_s: float = 3600.0,
+    sigma: float = 0.08,
+    window_h: float = math.inf,
+) -> dict[str, float]:
+    world = PaperWorld(seed=seed, per_server_sigma=sigma)
+    table = BestRates(world, cluster.servers)
+    jobs = [job_bound(table, job) for job in workload_from_spec(workload, world, seed)]
+    figures = solve(jobs, table.capacity(), edges, budget_s, window_h)
+    return {
+        "jobs": len(jobs),
+        "seed": seed,
+        "sigma": sigma,
+        "horizon_h": edges[-1],
+        "window_h": min(window_h, edges[-1]),
+        "slots": len(edges) - 1,
+        **figures,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cluster", required=True, help="a paper-world cluster (TOML file or TYPE=NxG spec)")
+    ap.add_argument("--workload", required=True, help="poisson:jobs=N,rate=R (as hopsmgr simulate takes it)")
+    ap.add_argument("--seed", type=int, required=True, help="the run's --seed (workload and world)")
+    ap.add_argument("--horizon-h", type=float, default=30.0, help="slots end here (default 30)")
+    ap.add_argument("--slot-h", type=float, default=0.25, help="slot length after --fine-h (default 0.25)")
+    ap.add_argument("--fine-h", type=float, default=8.0, help="fine slots up to this hour (default 8)")
+    ap.add_argument("--fine-slot-h", type=float, default=0.05, help="fine slot length (default 0.05)")
+    ap.add_argument(
+        "--window-h",
+        type=float,
+        default=math.inf,
+        help="a job's slots end this long after its arrival (default: the horizon)",
+    )
+    ap.add_argument(
+        "--sigma",
+        type=float,
+        default=0.08,
+        help="the world's per-server variation (default 0.08, as simulated)",
+    )
+    ap.add_argument("--budget-s", type=float, default=3600.0, help="CBC's wall-clock budget (default 3600)")
+    ap.add_argument("--json", type=Path, help="write the figures here (flat JSON)")
+    args = ap.parse_args(argv)
+    for name in ("horizon_h", "slot_h", "fine_slot_h", "budget_s"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            print(f"--{name.replace('_', '-')}: must be a positive number, got {value!r}", file=sys.stderr)
+            return 2
+    if not (math.isfinite(args.fine_h) and args.fine_h >= 0):
+        print(f"--fine-h: must be a non-negative number, got {args.fine_h!r}", file=sys.stderr)
+        return 2
+    try:
+        cluster = parse_cluster(args.cluster)
+    except SimInputError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    if not args.workload.startswith("poisson:"):
+        print(f"--workload: only poisson:... workloads are bounded, got {args.workload!r}", file=sys.stderr)
+        return 2
+    edges = slot_grid(args.horizon_h, args.slot_h, args.fine_h, args.fine_slot_h)
+    try:
+        figures = bound(cluster, args.workload, args.seed, edges, args.budget_s, args.sigma, args.window_h)
+    except ValueError as exc:
+        print(f"--workload / --cluster: {exc}", file=sys.stderr)
+        return 2
+    for key, value in figures.items():
+        print(f"{key:18} {value:.4f}" if isinstance(value, float) else f"{key:18} {value}")
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

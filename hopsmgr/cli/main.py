@@ -82,7 +82,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     runner.check_out(args.out)
     cluster = runner.parse_cluster(args.cluster)
     world = runner.make_world(
-        args.world, cluster, args.seed, args.throughputs, variation=not args.gavel_compat
+        args.world,
+        cluster,
+        args.seed,
+        args.throughputs,
+        variation=not args.gavel_compat,
+        server_sigma=args.server_sigma,
     )
     workload = runner.load_workload(world, args.workload, args.trace, args.format, args.seed, args.limit)
     if not workload:
@@ -154,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Gavel's simulator assumptions: known throughputs, no per-server variation, "
         "no profiling or restart cost",
+    )
+    sim.add_argument(
+        "--server-sigma",
+        type=float,
+        default=runner.DEFAULT_SERVER_SIGMA,
+        help="spread of each server's hidden speed factors in the ground truth (default "
+        f"{runner.DEFAULT_SERVER_SIGMA}; 0: every server of one kind alike; --gavel-compat makes it 0)",
     )
     sim.add_argument("--charge-solver", action="store_true", help="charge measured solver time to launches")
     sim.add_argument("--out", type=Path, help="write results.json and PNG plots here")

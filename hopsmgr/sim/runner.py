@@ -82,12 +82,25 @@ def default_throughputs() -> Path:
     )
 
 
+DEFAULT_SERVER_SIGMA = 0.08  # the hidden per-server variation of both worlds (hopsmgr.sim.truth)
+
+
 def make_world(
-    name: str | None, cluster: ClusterConfig, seed: int, throughputs: str | None, variation: bool = True
+    name: str | None,
+    cluster: ClusterConfig,
+    seed: int,
+    throughputs: str | None,
+    variation: bool = True,
+    server_sigma: float = DEFAULT_SERVER_SIGMA,
 ) -> World:
+    """The ground truth for `cluster`: `server_sigma` is the spread of each server's hidden factors (0:
+    every server of one kind alike); `variation=False` (Gavel's assumptions) forces 0 and Gavel's
+    measured slowdowns."""
+    if not (math.isfinite(server_sigma) and server_sigma >= 0):
+        raise SimInputError(f"--server-sigma: must be a non-negative number, got {server_sigma!r}")
     types = {s.gpu_type for s in cluster.servers}
     chosen = name or ("gavel" if types <= GAVEL_TYPES else "paper")
-    sigma = 0.08 if variation else 0.0
+    sigma = server_sigma if variation else 0.0
     world: World
     if chosen == "gavel":
         path = throughputs or str(default_throughputs())
@@ -290,6 +303,7 @@ def write_outputs(
         "cluster": spec.cluster.name if spec.cluster.source == "--cluster" else spec.cluster.source,
         "gpus": spec.cluster.total_gpus,
         "world": spec.world.name,
+        "server_sigma": getattr(spec.world, "sigma", None),
         "jobs": len(spec.workload),
         "seed": spec.seed,
         "gavel_compat": spec.gavel_compat,

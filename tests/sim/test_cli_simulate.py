@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hopsmgr.cli.main import main
+from hopsmgr.sim import runner
 from hopsmgr.sim.runner import COLUMNS
 
 DATA = Path(
@@ -274,6 +275,26 @@ def test_simulate_paper_world_toml_cluster(capsys: pytest.CaptureFixture[str], t
     assert values and all(v >= 0 for v in values)
 
 
+def test_server_sigma_sets_the_spread_of_the_servers_hidden_factors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """With --server-sigma 0 two servers of one kind run a job alike; by default they differ."""
+    cluster = runner.parse_cluster(PAPER_CLUSTER)
+    first, second = [s for s in cluster.servers if s.gpu_type == cluster.servers[0].gpu_type][:2]
+    rates = {}
+    for sigma in (0.0, 0.08):
+        world = runner.make_world("paper", cluster, 1, None, server_sigma=sigma)
+        rates[sigma] = [world.true_rate("ResNet50", [(server, 1)]) for server in (first, second)]
+    assert rates[0.0][0] == rates[0.0][1] and rates[0.08][0] != rates[0.08][1]
+    out = tmp_path / "out"
+    code, _, stderr = run(
+        capsys, "simulate", "--cluster", PAPER_CLUSTER, "--workload", SMALL, "--policies", "fifo",
+        "--server-sigma", "0", "--out", str(out),
+    )  # fmt: skip
+    assert code == 0, stderr
+    assert results(out)["server_sigma"] == 0.0
+
+
 def test_simulate_without_out_writes_only_the_table(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,6 +340,10 @@ def _bad_cases(tmp: Path) -> dict[str, tuple[list[str], list[str]]]:
         "unknown-toml-key": (["--cluster", str(unknown_key), *workload], [str(unknown_key), "bogus_key"]),
         "zero-servers": (["--cluster", "rtx3090=0x4", *workload], ["rtx3090=0x4"]),
         "empty-policies": (["--cluster", PAPER_CLUSTER, *workload, "--policies", ","], ["--policies"]),
+        "negative-server-sigma": (
+            ["--cluster", PAPER_CLUSTER, *workload, "--server-sigma", "-0.1"],
+            ["--server-sigma", "-0.1"],
+        ),
     }
 
 
@@ -333,6 +358,7 @@ BAD_CASES = (
     "unknown-toml-key",
     "zero-servers",
     "empty-policies",
+    "negative-server-sigma",
 )
 
 

@@ -7,12 +7,13 @@ workload, whatever the algorithm. It relaxes, in the schedule's favour:
 
 - time: a slot grid (`--slot-h`, finer for the first `--fine-h` hours) over which a job's work is
   spread freely; within a slot a job may time-share between its GPU counts;
-- GPUs: fractional, any number of each type per slot up to the type's GPUs; a job may use several
-  types at once (covers mixed-type placements, checked in tests/sim/test_jct_bound.py);
-- speed: a job on `n` GPUs of a type runs at `best_case_rate`: every server part with the best hidden
-  factors found among that type's servers (times the job's own hidden factor, which the bound knows);
-  the rate of an average `g` GPUs is the upper concave hull through the origin and the job's counts
-  (time-sharing), never above the job's fastest configuration; the work is the job's samples;
+- GPUs: per slot a job time-shares between configurations: one of its GPU counts `n`, its GPUs taken
+  from any of the server groups (GPU type and host model) in any shares; the groups' GPUs are shared
+  fractionally, no gang or server boundaries;
+- speed: on `n` GPUs of one group a job runs at that group's best-case rate (hopsmgr.sim.bestrates:
+  the best hidden factors found among the group's servers, times the job's own factor, which the bound
+  knows); over several groups at the GPU-weighted mean of their rates at `n` (no real placement across
+  groups is faster: checked in tests/sim/test_jct_bound.py); the work is the job's samples;
 - costs: no profiling, no checkpoint, restart or launch time, no planning rounds, no gang or server
   boundaries.
 
@@ -29,7 +30,6 @@ the CBC binary PuLP ships (its LP solver, Clp) through hopsmgr.cbc.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -51,43 +51,26 @@ from hopsmgr.sim.workload import WorkloadJob
 HOUR_S = 3600.0
 
 
-def concave_hull(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The upper concave hull of `points` and the origin, cut at its highest point (a job holding more
-    GPUs than it uses runs no faster)."""
-    pts = sorted({(0.0, 0.0), *points})
-    hull: list[tuple[float, float]] = []
-    for p in pts:
-        while len(hull) >= 2:
-            (x1, y1), (x2, y2) = hull[-2], hull[-1]
-            if (x2 - x1) * (p[1] - y1) - (y2 - y1) * (p[0] - x1) >= 0:  # hull[-1] is under the chord
-                hull.pop()
-            else:
-                break
-        hull.append(p)
-    top = max(range(len(hull)), key=lambda i: (hull[i][1], -i))
-    return hull[: top + 1]
-
-
 @dataclass(frozen=True, slots=True)
 class JobBound:
     """One job as the relaxation sees it: rates in fractions of its work per hour."""
 
     job_id: str
     arrival_h: float
-    most_gpus: int
     best_rate: float  # its fastest configuration (1 / best run hours)
-    hulls: dict[str, list[tuple[float, float]]]  # per GPU type: (GPUs, rate) corners from the origin
+    rates: dict[tuple[int, str], float]  # (GPU count, group) -> rate on that many GPUs of that group
 
 
 def job_bound(table: BestRates, job: WorkloadJob) -> JobBound:
     """The job in the relaxation's units: rates as fractions of its work per hour."""
-    hulls: dict[str, list[tuple[float, float]]] = {}
-    for group, points in table.job_rates(job).items():
-        hulls[group] = concave_hull([(float(n), rate * HOUR_S / job.total_samples) for n, rate in points])
-    if not hulls:
+    rates = {
+        (n, group): rate * HOUR_S / job.total_samples
+        for group, points in table.job_rates(job).items()
+        for n, rate in points
+    }
+    if not rates:
         raise ValueError(f"job {job.job_id}: none of its GPU counts fits the cluster")
-    best = HOUR_S / table.best_run_s(job)
-    return JobBound(job.job_id, job.arrival_s / HOUR_S, max(job.requirements.counts), best, hulls)
+    return JobBound(job.job_id, job.arrival_s / HOUR_S, HOUR_S / table.best_run_s(job), rates)
 
 
 def slot_grid(horizon_h: float, slot_h: float, fine_h: float, fine_slot_h: float) -> list[float]:
@@ -119,7 +102,7 @@ def solve(
     cap_rows = {(k, t): row(float(capacity[k])) for k in capacity for t in range(len(edges) - 1)}
     excess_cols: list[int] = []
     for job in jobs:
-        n_max, r = job.most_gpus, job.best_rate
+        r = job.best_rate
         work_row = row(-1.0)  # -(work done) <= -1
         # mean time of the work + half the best run - (arrival + best run + excess) <= 0
         done_row = row(job.arrival_h + 0.5 / r)
@@ -129,21 +112,24 @@ def solve(
             if end <= job.arrival_h or start >= last:
                 continue
             begin = max(start, job.arrival_h)
-            share = (end - begin) / (end - start)
             length = end - start
-            rate_row, gpu_row = row(share), row(share)  # per slot: w' <= share, g' <= share
-            for gpu_type, hull in job.hulls.items():
-                w_entries = [(rate_row, 1.0), (work_row, -r * length), (done_row, begin * r * length)]
-                g_entries = [(gpu_row, 1.0), (cap_rows[gpu_type, t], float(n_max))]
-                for (x1, y1), (x2, y2) in itertools.pairwise(hull):
-                    slope = (y2 - y1) / (x2 - x1)
-                    hull_row = row(y1 - slope * x1)  # r w' - slope n_max g' <= intercept
-                    w_entries.append((hull_row, r))
-                    g_entries.append((hull_row, -slope * n_max))
-                flat_row = row(hull[-1][1])  # r w' <= the type's fastest rate
-                w_entries.append((flat_row, r))
-                columns.append((0.0, w_entries))
-                columns.append((0.0, g_entries))
+            time_row = row((end - begin) / length)  # the job runs one configuration at a time
+            # y: the share of the slot the job runs on n GPUs, counting those of `group`; a placement
+            # of n GPUs over several groups is these columns of one n together (their shares of each
+            # group's rate at n bound its rate: tests/sim/test_jct_bound.py)
+            for (n, group), rate in job.rates.items():
+                work = rate * length
+                columns.append(
+                    (
+                        0.0,
+                        [
+                            (time_row, 1.0),
+                            (cap_rows[group, t], float(n)),
+                            (work_row, -work),
+                            (done_row, begin * work),
+                        ],
+                    )
+                )
         columns.append((0.0, [(work_row, -1.0), (done_row, last)]))  # work past the window
         excess_cols.append(len(columns))
         columns.append((-slack / len(jobs), [(done_row, -slack)]))

@@ -5,7 +5,7 @@ Reads the jobs.csv of `hopsmgr simulate --out DIR` on a paper-world Poisson work
 same workload (same spec and seed) to know each job's model, work and GPU counts. A job's best run time
 is its work at its fastest best-case rate on the run's cluster (hopsmgr.sim.bestrates: every GPU type
 and host model, each of the job's counts, the best hidden factors of the group's servers, the job's own
-factor), so no placement beats it; it is a bound, not a plan. (Until 2026-12-05 it was the world's
+factor), so no placement beats it; it is a bound, not a plan. (Until 2026-12-04 it was the world's
 nominal rate on reference servers, host model A for the RTX3090s: 20-25% slower than the cluster's best
 servers, so not a bound.)
 

@@ -42,12 +42,6 @@ def test_splits_are_every_multiset_once() -> None:
     assert list(splits(17, 8, 2)) == []
 
 
-def test_the_hull_is_concave_through_the_origin_and_cut_at_its_top() -> None:
-    hull = load().concave_hull([(1.0, 1.0), (2.0, 1.4), (3.0, 1.6), (4.0, 2.4), (8.0, 2.0)])
-    # (2, 1.4) and (3, 1.6) lie under the chord from (1, 1) to (4, 2.4); past (4, 2.4) the rate falls
-    assert hull == [(0.0, 0.0), (1.0, 1.0), (4.0, 2.4)]
-
-
 def test_no_placement_in_a_group_beats_its_best_case_rate() -> None:
     cluster = parse_cluster(PAPER_512)
     world = PaperWorld(seed=3)

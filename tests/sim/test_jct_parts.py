@@ -25,6 +25,12 @@ def load() -> ModuleType:
     return module
 
 
+def parts_main(jobs_csv: Path, *extra: str, workload: str = WORKLOAD) -> int:
+    """bench/jct_parts.py's main on the paper-16 run's arguments (`extra` appended)."""
+    argv = ["--cluster", CLUSTER, "--jobs-csv", str(jobs_csv), "--workload", workload, "--seed", "4"]
+    return int(load().main([*argv, *extra]))
+
+
 @pytest.fixture(scope="module")
 def jobs_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("run")
@@ -52,23 +58,7 @@ def test_the_parts_add_up_to_the_runs_average_jct(jobs_csv: Path, tmp_path: Path
         rows = list(csv.DictReader(fh))
     avg_jct_h = sum(float(r["jct_s"]) for r in rows) / len(rows) / 3600
     out = tmp_path / "parts.json"
-    assert (
-        load().main(
-            [
-                "--cluster",
-                CLUSTER,
-                "--jobs-csv",
-                str(jobs_csv),
-                "--workload",
-                WORKLOAD,
-                "--seed",
-                "4",
-                "--json",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert parts_main(jobs_csv, "--json", str(out)) == 0
     figures = json.loads(out.read_text(encoding="utf-8"))
     assert figures["jobs"] == 12 and figures["avg_jct_h"] == pytest.approx(avg_jct_h)
     total = figures["avg_best_run_h"] + figures["avg_wait_h"] + figures["avg_rest_h"]
@@ -82,44 +72,23 @@ def test_the_parts_add_up_to_the_runs_average_jct(jobs_csv: Path, tmp_path: Path
 
 def test_a_jobs_csv_of_another_workload_is_refused(jobs_csv: Path) -> None:
     with pytest.raises(SystemExit, match="not in the file"):
-        load().main(
-            [
-                "--cluster",
-                CLUSTER,
-                "--jobs-csv",
-                str(jobs_csv),
-                "--workload",
-                "poisson:jobs=40,rate=20",
-                "--seed",
-                "4",
-            ]
-        )
+        parts_main(jobs_csv, workload="poisson:jobs=40,rate=20")
 
 
 def test_a_missing_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.csv"
-    assert (
-        load().main(["--cluster", CLUSTER, "--jobs-csv", str(missing), "--workload", WORKLOAD, "--seed", "4"])
-        == 2
-    )
+    assert parts_main(missing) == 2
     assert str(missing) in capsys.readouterr().err
 
 
 def test_a_bad_workload_spec_is_named(jobs_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        load().main(
-            [
-                "--cluster",
-                CLUSTER,
-                "--jobs-csv",
-                str(jobs_csv),
-                "--workload",
-                "nonsense:jobs=3",
-                "--seed",
-                "4",
-            ]
-        )
-        == 2
-    )
+    assert parts_main(jobs_csv, workload="nonsense:jobs=3") == 2
     err = capsys.readouterr().err
     assert "--workload" in err and "nonsense" in err
+
+
+def test_a_bad_cluster_is_named(jobs_csv: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--cluster", "v100=2y4", "--jobs-csv", str(jobs_csv), "--workload", WORKLOAD, "--seed", "4"]
+    assert load().main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--cluster" in err and "v100=2y4" in err

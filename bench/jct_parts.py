@@ -5,14 +5,15 @@ Reads the jobs.csv of `hopsmgr simulate --out DIR` on a paper-world Poisson work
 same workload (same spec and seed) to know each job's model, work and GPU counts. A job's best run time
 is its work at its fastest best-case rate on the run's cluster (hopsmgr.sim.bestrates: every GPU type
 and host model, each of the job's counts, the best hidden factors of the group's servers, the job's own
-factor), so no placement beats it; it is a bound, not a plan. (Until 2026-12-04 it was the world's
+factor, 5% for placements across groups), so no placement we know of beats it; it is a bound, not a
+plan. `--server-sigma` must be the run's (the world's hidden factors depend on it). (Until 2026-12-04 it was the world's
 nominal rate on reference servers, host model A for the RTX3090s: 20-25% slower than the cluster's best
 servers, so not a bound.)
 
     hopsmgr simulate --cluster configs/sim/paper-512.toml --workload poisson:jobs=500,rate=100 \
         --policies hops-srtf-lr --seed 2 --out /tmp/s2
     python bench/jct_parts.py --cluster configs/sim/paper-512.toml --jobs-csv /tmp/s2/jobs.csv \
-        --workload poisson:jobs=500,rate=100 --seed 2 [--json FILE]
+        --workload poisson:jobs=500,rate=100 --seed 2 [--server-sigma S] [--json FILE]
 """
 
 from __future__ import annotations
@@ -20,21 +21,24 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 
 from hopsmgr.config import ClusterConfig
 from hopsmgr.sim.bestrates import BestRates
 from hopsmgr.sim.paperworld import PaperWorld
-from hopsmgr.sim.runner import SimInputError, parse_cluster
+from hopsmgr.sim.runner import DEFAULT_SERVER_SIGMA, SimInputError, parse_cluster
 from hopsmgr.sim.traces import workload_from_spec
 
 HOUR_S = 3600.0
 
 
-def parts(jobs_csv: Path, workload: str, seed: int, cluster: ClusterConfig) -> dict[str, float]:
+def parts(
+    jobs_csv: Path, workload: str, seed: int, cluster: ClusterConfig, sigma: float = DEFAULT_SERVER_SIGMA
+) -> dict[str, float]:
     """Per-job means in hours (best run, wait, the rest) and the rest's split by elastic and rigid jobs."""
-    world = PaperWorld(seed=seed)
+    world = PaperWorld(seed=seed, per_server_sigma=sigma)
     best_rates = BestRates(world, cluster.servers)
     jobs = workload_from_spec(workload, world, seed)
     with jobs_csv.open(encoding="utf-8") as fh:
@@ -83,10 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs-csv", type=Path, required=True, help="jobs.csv of hopsmgr simulate --out")
     ap.add_argument("--workload", required=True, help="the run's --workload (poisson:jobs=N,rate=R)")
     ap.add_argument("--seed", type=int, required=True, help="the run's --seed")
+    ap.add_argument(
+        "--server-sigma",
+        type=float,
+        default=DEFAULT_SERVER_SIGMA,
+        help=f"the run's --server-sigma (default {DEFAULT_SERVER_SIGMA})",
+    )
     ap.add_argument("--json", type=Path, help="write the figures here (flat JSON)")
     args = ap.parse_args(argv)
     if not args.jobs_csv.is_file():
         print(f"--jobs-csv: no such file {str(args.jobs_csv)!r}", file=sys.stderr)
+        return 2
+    if not (math.isfinite(args.server_sigma) and args.server_sigma >= 0):
+        print(f"--server-sigma: must be a non-negative number, got {args.server_sigma!r}", file=sys.stderr)
         return 2
     try:
         cluster = parse_cluster(args.cluster)
@@ -94,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return 2
     try:
-        figures = parts(args.jobs_csv, args.workload, args.seed, cluster)
+        figures = parts(args.jobs_csv, args.workload, args.seed, cluster, args.server_sigma)
     except ValueError as exc:
         print(f"--workload: {exc}", file=sys.stderr)
         return 2

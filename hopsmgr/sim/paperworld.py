@@ -216,7 +216,7 @@ class PaperWorld(BaseWorld):
         that split beats it (hopsmgr.sim.bestrates)."""
         if not servers or len({gpu_key(s.gpu_type) for s in servers}) != 1:
             raise ValueError("best_case_rates needs servers of exactly one GPU type")
-        most = min(s.gpus for s in servers)
+        most = max(s.gpus for s in servers)
         pm = _PAPER_MODELS[self.model(model).name]
         each = [self._modules(pm, s, nominal=False) for s in servers]
         best = _Modules(
@@ -228,7 +228,7 @@ class PaperWorld(BaseWorld):
         rates = []
         for split in splits:
             if not split or any(not 0 < g <= most for g in split):
-                raise ValueError(f"split {list(split)!r} does not fit servers of {most} GPUs")
+                raise ValueError(f"split {list(split)!r} does not fit servers of at most {most} GPUs")
             rates.append(_rate_of(pm, [(best, g) for g in split], sum(split), balanced=False))
         return rates
 

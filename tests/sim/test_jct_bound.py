@@ -5,6 +5,7 @@ bound is tight where the answer is known."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import random
 import sys
@@ -14,12 +15,10 @@ from types import ModuleType
 import pytest
 
 from hopsmgr.cli.main import main as hopsmgr_main
-from hopsmgr.core.model import RequirementSet
-from hopsmgr.sim.bestrates import BestRates, group_of, splits
-from hopsmgr.sim.engine import job_key
+from hopsmgr.core.model import RequirementSet, Server
+from hopsmgr.sim.bestrates import ACROSS_GROUPS_MARGIN, BestRates, group_of, splits
 from hopsmgr.sim.paperworld import PaperWorld
 from hopsmgr.sim.runner import parse_cluster
-from hopsmgr.sim.truth import job_factor
 from hopsmgr.sim.workload import WorkloadJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,38 +54,77 @@ def test_no_placement_in_a_group_beats_its_best_case_rate() -> None:
         count = sum(g for _, g in parts)
         assert world.true_rate(model, parts) <= table.rate(model, group, count) * (1 + 1e-12)
     # with no per-server variation it is reached: the best split of the count over identical servers
+    # (as many as the cluster has: a placement across groups may spread that wide)
     nominal = PaperWorld(seed=3, per_server_sigma=0.0)
     exact = BestRates(nominal, cluster.servers)
-    servers_c = exact.groups["rtx3090/C"]
+    alike = [Server(f"c{i}", "rtx3090", 8, host_model="C") for i in range(12)]
     placed = [
-        nominal.true_rate("ResNet50", list(zip(servers_c, split, strict=False)))
-        for split in splits(12, 8, len(servers_c))
+        nominal.true_rate("ResNet50", list(zip(alike, split, strict=False))) for split in splits(12, 8, 12)
     ]
     assert exact.rate("ResNet50", "rtx3090/C", 12) == pytest.approx(max(placed), rel=1e-12)
 
 
-def test_a_placement_across_groups_runs_no_faster_than_its_shares_of_each_groups_rate() -> None:
-    """The relaxation lets a job hold GPUs of several groups at once, each at its group's hull: that
-    covers mixed-type placements (and same-type ones over two host models) only if this holds."""
-    cluster = parse_cluster(PAPER_512)
-    world = PaperWorld(seed=3)
+def _spread(
+    rng: random.Random, servers: list[Server], count: int, style: str
+) -> list[tuple[Server, int]] | None:
+    """`count` GPUs over `servers` in turn: one or two per server, or a random number."""
+    parts, left = [], count
+    for server in servers:
+        if left == 0:
+            break
+        gpus = min({"ones": 1, "twos": 2}.get(style, rng.randint(1, server.gpus)), server.gpus, left)
+        parts.append((server, gpus))
+        left -= gpus
+    return None if left else parts
+
+
+@pytest.mark.parametrize(
+    ("cluster_path", "sigma", "above_the_shares"),
+    [(PAPER_16, 0.0, True), (PAPER_512, 0.0, True), (PAPER_512, 0.08, False)],
+)
+def test_a_placement_across_groups_stays_within_the_margin_of_its_shares_of_each_groups_rate(
+    cluster_path: str, sigma: float, above_the_shares: bool
+) -> None:
+    """The relaxation lets a job hold GPUs of several groups at once, each at its group's rate at the
+    whole count: that covers mixed-type placements (and same-type ones over host models) only within
+    ACROSS_GROUPS_MARGIN. One GPU per server, over more servers than one group has, is the hard case
+    (before the splits counted the whole cluster's servers, 16 such GPUs over two 8-server groups ran
+    12% faster than this allowed)."""
+    cluster = parse_cluster(cluster_path)
+    world = PaperWorld(seed=3, per_server_sigma=sigma)
     table = BestRates(world, cluster.servers)
     rng = random.Random(9)
-    servers = list(cluster.servers)
-    checked = 0
-    while checked < 300:
-        model = rng.choice(world.models()).name
-        chosen = rng.sample(servers, rng.randint(2, 4))
-        parts = [(s, rng.randint(1, s.gpus)) for s in chosen]
-        by_group: dict[str, int] = {}
-        for server, gpus in parts:
-            by_group[group_of(server)] = by_group.get(group_of(server), 0) + gpus
-        if len(by_group) < 2:
-            continue
-        count = sum(by_group.values())
-        covered = sum(g / count * table.rate(model, group, count) for group, g in by_group.items())
-        assert world.true_rate(model, parts) <= covered
-        checked += 1
+    worst = 0.0
+    for model in [m.name for m in world.models()]:
+        for groups in itertools.chain.from_iterable(
+            itertools.combinations(sorted(table.groups), k) for k in (1, 2, 3)
+        ):
+            pools = [rng.sample(table.groups[g], len(table.groups[g])) for g in groups]
+            servers = [s for tier in itertools.zip_longest(*pools) for s in tier if s is not None]
+            for count, style in itertools.product((4, 8, 16), ("ones", "twos", "random")):
+                parts = _spread(rng, servers, count, style)
+                if parts is None:
+                    continue
+                by_group: dict[str, int] = {}
+                for server, gpus in parts:
+                    by_group[group_of(server)] = by_group.get(group_of(server), 0) + gpus
+                covered = sum(g / count * table.rate(model, group, count) for group, g in by_group.items())
+                worst = max(worst, world.true_rate(model, parts) / covered)
+    assert worst <= ACROSS_GROUPS_MARGIN
+    # without variation some placement does beat its plain shares (0.6% and 1.1% here): the margin is needed
+    assert (worst > 1.0) == above_the_shares
+
+
+def test_a_group_of_unequal_servers_counts_its_largest_one() -> None:
+    cluster = parse_cluster("rtx3090=1x8,titanxp=1x4")
+    big = Server("big", "rtx3090", 8)
+    small = Server("small", "rtx3090", 4)
+    world = PaperWorld(seed=1)
+    table = BestRates(world, [big, small, *cluster.servers[1:]])
+    assert table.rate("VGG11", "rtx3090/", 8) >= world.true_rate("VGG11", [(big, 8)])
+    assert table.rate("VGG11", "rtx3090/", 12) >= world.true_rate("VGG11", [(big, 8), (small, 4)])
+    # a count no group holds alone still has a rate in each group: placements across groups use it
+    assert table.rate("VGG11", "titanxp/", 12) > 0
 
 
 def test_the_bound_of_one_job_alone_is_its_best_run() -> None:
@@ -106,9 +144,7 @@ def test_two_jobs_that_each_need_the_whole_server_are_bound_by_running_one_after
     table = BestRates(world, cluster.servers)
     rate = table.rate("ResNet50", "rtx3090/", 8)
     jobs = [WorkloadJob(f"j{i}", 0.0, "ResNet50", RequirementSet((8,)), rate * 3600.0, 64) for i in range(2)]
-    runs_h = [
-        job.total_samples / (rate * job_factor(1, "ResNet50", job_key(job.job_id))) / 3600 for job in jobs
-    ]
+    runs_h = [table.best_run_s(job) / 3600 for job in jobs]
     edges = jct_bound.slot_grid(6.0, 0.05, 0.0, 0.05)
     figures = jct_bound.solve([jct_bound.job_bound(table, job) for job in jobs], table.capacity(), edges)
     shorter, longer = sorted(runs_h)
@@ -153,6 +189,7 @@ def test_no_simulated_run_beats_the_bound(tmp_path: Path) -> None:
         (["--workload", "gang:jobs=5,rate=10"], "--workload"),
         (["--workload", "poisson:jobs=5,rate=10", "--slot-h", "0"], "--slot-h"),
         (["--workload", "poisson:jobs=5,rate=10", "--cluster", "nonsense"], "--cluster"),
+        (["--workload", "poisson:jobs=5,rate=10", "--server-sigma", "-1"], "--server-sigma"),
     ],
 )
 def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -92,3 +92,17 @@ def test_a_bad_cluster_is_named(jobs_csv: Path, capsys: pytest.CaptureFixture[st
     assert load().main(argv) == 2
     err = capsys.readouterr().err
     assert "--cluster" in err and "v100=2y4" in err
+
+
+def test_the_runs_server_sigma_sets_the_world(
+    jobs_csv: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The best run times depend on the world's hidden factors, so on --server-sigma; a bad one is named."""
+    best = {}
+    for sigma in ("0.08", "0"):
+        out = tmp_path / f"parts-{sigma}.json"
+        assert parts_main(jobs_csv, "--server-sigma", sigma, "--json", str(out)) == 0
+        best[sigma] = json.loads(out.read_text(encoding="utf-8"))["avg_best_run_h"]
+    assert best["0.08"] != best["0"]
+    assert parts_main(jobs_csv, "--server-sigma", "-0.5") == 2
+    assert "--server-sigma" in capsys.readouterr().err

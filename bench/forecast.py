@@ -60,8 +60,9 @@ from hopsmgr.forecast.live import capture
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.policies.base import HopsPolicy
-from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
 
 REPO = Path(__file__).resolve().parents[1]

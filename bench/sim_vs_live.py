@@ -43,7 +43,9 @@ from hopsmgr.core.model import RequirementSet
 from hopsmgr.local.cluster import EMULATED_SPEED, LocalCluster, emulated_speed
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.sim.emulated import EmulatedModel, EmulatedWorld
-from hopsmgr.sim.engine import SimOptions, SimResult, Simulation
+from hopsmgr.sim.engine import Simulation
+from hopsmgr.sim.outcome import SimResult
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import WorkloadJob
 
 REPO = Path(__file__).resolve().parents[1]

@@ -26,7 +26,8 @@ from hopsmgr.core.model import Config
 from hopsmgr.core.transfer import with_transfer
 from hopsmgr.policies.registry import make_policy
 from hopsmgr.sim import runner
-from hopsmgr.sim.engine import SimOptions, Simulation, job_key
+from hopsmgr.sim.engine import Simulation
+from hopsmgr.sim.simstate import SimOptions, job_key
 
 
 def _h(seconds: float) -> str:

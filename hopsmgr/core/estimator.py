@@ -6,21 +6,36 @@ on one server, read top-down from (1) the entity layer: values measured on this 
 layer: a measured/theoretical correction learned on other servers of the GPU type, (3) the theoretical
 layer: the profiled time modules fed to the formula, scaled by the server's own calibration. Answers are
 cached per job; a job's entries are dropped whenever its profiles or observations change.
+Its entries and their persisted rows are in hopsmgr.core.estimator_entries, the type ratios of the
+transfer prior in hopsmgr.core.typepairs.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hopsmgr.core.estimator_entries import (
+    ENTITY_ROW,
+    STATE_VERSION,
+    TYPE_ROW,
+    DataClusters,
+    EntityEntry,
+    ProfileEntry,
+    TypeEntry,
+    parse_entity_row,
+    parse_profile_row,
+    parse_spec_row,
+    parse_type_row,
+    profile_row,
+    row,
+    theoretical_rate,
+)
 from hopsmgr.core.iteration import (
     TimeProfile,
     is_real,
     iteration_time_of,
     require,
-    require_count,
     require_shape,
 )
 from hopsmgr.core.model import (
@@ -34,80 +49,7 @@ from hopsmgr.core.model import (
     ServerId,
     spans_types,
 )
-
-_SEED_WEIGHT = 20.0  # pseudo-samples a profile is worth when seeding the online data-time clusters
-_MAX_WEIGHT = 200.0  # past this total weight the clusters are scaled down, so old samples fade
-_STATE_VERSION = 1
-_PROFILE_ROW = ("job", "gpu_type", "profile", "measured_on", "data")
-_ENTITY_ROW = ("job", "server", "gpus_here", "n_servers", "gpu_type", "rate")
-_TYPE_ROW = ("job", "gpu_type", "gpus_here", "n_servers", "ratio", "norm_rate")
-
-
-@dataclass(slots=True)
-class _DataClusters:
-    """Online 2-means over running-mode (Td, Tw) samples, assigned by Td; weights give p_cache."""
-
-    hit_td: float
-    hit_tw: float
-    miss_td: float
-    miss_tw: float
-    n_hit: float
-    n_miss: float
-
-    @classmethod
-    def seed(cls, p: TimeProfile) -> _DataClusters:
-        w_hit = _SEED_WEIGHT * p.p_cache
-        return cls(p.td_hit_s, p.tw_hit_s, p.td_miss_s, p.tw_miss_s, w_hit, _SEED_WEIGHT - w_hit)
-
-    def add(self, td: float, tw: float) -> None:
-        if abs(self.miss_td - self.hit_td) <= 1e-12 * max(1.0, abs(self.hit_td)):
-            to_hit = td <= self.hit_td  # coincident centres (a stable profile): split around them
-        else:
-            to_hit = abs(td - self.hit_td) <= abs(td - self.miss_td)
-        if to_hit:
-            self.n_hit += 1.0
-            self.hit_td += (td - self.hit_td) / self.n_hit
-            self.hit_tw += (tw - self.hit_tw) / self.n_hit
-        else:
-            self.n_miss += 1.0
-            self.miss_td += (td - self.miss_td) / self.n_miss
-            self.miss_tw += (tw - self.miss_tw) / self.n_miss
-        total = self.n_hit + self.n_miss
-        if total > _MAX_WEIGHT:
-            self.n_hit *= _MAX_WEIGHT / total
-            self.n_miss *= _MAX_WEIGHT / total
-
-    def apply(self, profile: TimeProfile) -> TimeProfile:
-        total = self.n_hit + self.n_miss
-        p = min(1.0, self.n_hit / total) if total > 0 else profile.p_cache
-        hit, miss = (self.hit_td, self.hit_tw), (self.miss_td, self.miss_tw)
-        return replace(
-            profile, td_hit_s=hit[0], tw_hit_s=hit[1], td_miss_s=miss[0], tw_miss_s=miss[1], p_cache=p
-        )
-
-
-@dataclass(slots=True)
-class _ProfileEntry:
-    profile: TimeProfile  # as profiled
-    measured_on: Calibration
-    data: _DataClusters
-    effective: TimeProfile  # the profile with the running-mode data-time estimate applied
-    # export_state's row for this entry, made once and replaced (never changed) when `data` changes:
-    # an export of 15,000 profiles built afresh took 0.25 s of the event loop per forecast
-    row: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass(slots=True)
-class _EntityEntry:
-    gpu_type: GpuType
-    rate: float  # EWMA of the measured per-GPU samples/s
-
-
-@dataclass(slots=True)
-class _TypeEntry:
-    ratio: float | None = None  # EWMA of measured / theoretical per-GPU rate
-    norm_rate: float | None = None  # EWMA of measured per-GPU rate / compute_factor of the pacing server
-
+from hopsmgr.core.typepairs import TypePairs
 
 # (server, batch_size, params_bytes, rate, layer): the first three say what the value was computed for.
 _Cached = tuple[Server, int, float, float | None, str]
@@ -127,9 +69,9 @@ class Estimator:
         if not (is_real(ewma_alpha) and 0.0 < ewma_alpha <= 1.0):
             raise ModelError(f"ewma_alpha must be within (0, 1], got {ewma_alpha!r}")
         self._alpha = float(ewma_alpha)
-        self._profiles: dict[JobId, dict[GpuType, _ProfileEntry]] = {}
-        self._entity: dict[JobId, dict[_Shape, _EntityEntry]] = {}
-        self._types: dict[JobId, dict[tuple[GpuType, int, int], _TypeEntry]] = {}
+        self._profiles: dict[JobId, dict[GpuType, ProfileEntry]] = {}
+        self._entity: dict[JobId, dict[_Shape, EntityEntry]] = {}
+        self._types: dict[JobId, dict[tuple[GpuType, int, int], TypeEntry]] = {}
         self._specs: dict[JobId, tuple[int, float]] = {}  # batch_size, params_bytes
         self._cache: dict[JobId, dict[_Shape, _Cached]] = {}
         # type_rate answers, per job: (gpu_type, reference) -> (batch_size, params_bytes, rate)
@@ -139,8 +81,7 @@ class Estimator:
         # [ours] cross-type transfer: per ordered pair of GPU types (from, to), over the jobs ever
         # profiled on both (an ended job's stay), the sums of log(nominal compute time on `to` / on `from`) and of the same
         # for the weight update, and their counts (`transfer_rate`)
-        self._pairs: dict[tuple[GpuType, GpuType], list[float]] = {}
-        self._pairs_version = 0
+        self._pairs = TypePairs()
         self._transfer_cache: dict[JobId, dict[_Shape, tuple[int, Server, int, float, float | None]]] = {}
 
     def add_profile(
@@ -155,12 +96,12 @@ class Estimator:
             raise ModelError(f"profile must be a TimeProfile, got {profile!r}")
         if not isinstance(measured_on, Calibration):
             raise ModelError(f"measured_on must be a Calibration, got {measured_on!r}")
-        data = _DataClusters.seed(profile)
-        self._count_pairs(job_id, -1.0)
-        self._profiles.setdefault(job_id, {})[gpu_type] = _ProfileEntry(
+        data = DataClusters.seed(profile)
+        self._pairs.count(self._profiles.get(job_id), -1.0)
+        self._profiles.setdefault(job_id, {})[gpu_type] = ProfileEntry(
             profile, measured_on, data, data.apply(profile)
         )
-        self._count_pairs(job_id, 1.0)
+        self._pairs.count(self._profiles.get(job_id), 1.0)
         for (t, _, _), entry in self._types.get(job_id, {}).items():
             if t == gpu_type:
                 entry.ratio = None
@@ -288,58 +229,27 @@ class Estimator:
         hit = None if per_job is None else per_job.get(shape)
         if (
             hit is not None
-            and hit[0] == self._pairs_version
+            and hit[0] == self._pairs.version
             and (hit[1] is server or hit[1] == server)
             and hit[2] == job.batch_size
             and hit[3] == job.params_bytes
         ):
             return hit[4]
         require_shape(gpus_here, n_servers)
-        best: tuple[float, GpuType] | None = None
-        for source in profiles:
-            counts = self._pairs.get((source, server.gpu_type))
-            if counts is not None and counts[2] > 0.5 and (best is None or (-counts[2], source) < best):
-                best = (-counts[2], source)
-        rate: float | None = None
-        if best is not None:
-            entry = profiles[best[1]]
-            sum_c, sum_u, n_c, n_u = self._pairs[(best[1], server.gpu_type)]
-            k_c = math.exp(sum_c / n_c)
-            k_u = math.exp(sum_u / n_u) if n_u > 0.5 else k_c
-            p = entry.effective
-            scaled = replace(p, tf_s=p.tf_s * k_c, tb_s=p.tb_s * k_c, tu_s=p.tu_s * k_u)
-            moved = _ProfileEntry(scaled, entry.measured_on, entry.data, scaled)
-            rate = self._theory(job.batch_size, job.params_bytes, server, gpus_here, n_servers, moved)
+        moved = self._pairs.transferred(profiles, server.gpu_type)
+        rate = (
+            None
+            if moved is None
+            else theoretical_rate(job.batch_size, job.params_bytes, server, gpus_here, n_servers, moved)
+        )
         self._transfer_cache.setdefault(job.id, {})[shape] = (
-            self._pairs_version,
+            self._pairs.version,
             server,
             job.batch_size,
             job.params_bytes,
             rate,
         )
         return rate
-
-    def _count_pairs(self, job_id: JobId, sign: float) -> None:
-        """Add (sign 1) or take back (sign -1) a job's profiles' contribution to the type ratios."""
-        profiles = self._profiles.get(job_id)
-        if not profiles or len(profiles) < 2:
-            return
-        nominal = {}
-        for gpu_type, entry in profiles.items():
-            c = entry.measured_on.compute_factor
-            p = entry.profile
-            nominal[gpu_type] = ((p.tf_s + p.tb_s) * c, p.tu_s * c)
-        for source, (comp_s, upd_s) in nominal.items():
-            for target, (comp_t, upd_t) in nominal.items():
-                if source == target or comp_s <= 0 or comp_t <= 0:
-                    continue
-                counts = self._pairs.setdefault((source, target), [0.0, 0.0, 0.0, 0.0])
-                counts[0] += sign * math.log(comp_t / comp_s)
-                counts[2] += sign
-                if upd_s > 0 and upd_t > 0:
-                    counts[1] += sign * math.log(upd_t / upd_s)
-                    counts[3] += sign
-        self._pairs_version += 1
 
     def sensitivity(self, job: JobSpec, server: Server, peer: Server) -> float | None:
         """Placement sensitivity rho = per-GPU rate of {server: 1} / per-GPU rate of {server: 1, peer: 1}.
@@ -382,19 +292,19 @@ class Estimator:
         spec = self._specs.get(job_id)
         profiles = self._profiles.get(job_id, {})
         if spec is not None and all(s.gpu_type in profiles for s, _ in parts):
-            theory = min(self._theory(spec[0], spec[1], s, g, n, profiles[s.gpu_type]) for s, g in parts)
+            theory = min(theoretical_rate(spec[0], spec[1], s, g, n, profiles[s.gpu_type]) for s, g in parts)
             ratio = pace / theory
         norm = pace / min(s.calibration.compute_factor for s, _ in parts)
         entity = self._entity.setdefault(job_id, {})
         for server, gpus in parts:
             e = entity.get((server.id, gpus, n))
             if e is None:
-                entity[(server.id, gpus, n)] = _EntityEntry(server.gpu_type, pace)
+                entity[(server.id, gpus, n)] = EntityEntry(server.gpu_type, pace)
             else:
                 e.gpu_type, e.rate = server.gpu_type, self._ewma(e.rate, pace)
         types = self._types.setdefault(job_id, {})
         for key in dict.fromkeys((s.gpu_type, g, n) for s, g in parts):
-            t = types.setdefault(key, _TypeEntry())
+            t = types.setdefault(key, TypeEntry())
             if ratio is not None:
                 t.ratio = self._ewma(t.ratio, ratio)
             t.norm_rate = self._ewma(t.norm_rate, norm)
@@ -425,7 +335,7 @@ class Estimator:
             server = _lookup(servers, sid)
             e = entity.get((sid, gpus, n))
             if e is None:
-                entity[(sid, gpus, n)] = _EntityEntry(server.gpu_type, rate * scale)
+                entity[(sid, gpus, n)] = EntityEntry(server.gpu_type, rate * scale)
             else:
                 e.gpu_type, e.rate = server.gpu_type, self._ewma(e.rate, rate * scale)
         self._cache.pop(job_id, None)
@@ -463,31 +373,31 @@ class Estimator:
         that exports rarely but must not stall when it does, the master, makes them as they change)."""
         for gpu_type, entry in self._profiles.get(job_id, {}).items():
             if entry.row is None:
-                _profile_row(job_id, gpu_type, entry)
+                profile_row(job_id, gpu_type, entry)
 
     def export_state(self) -> dict[str, Any]:
         """A JSON-serialisable snapshot of profiles and observations; `from_state` restores it exactly.
         Read-only: its profile rows are shared with later exports until their entry changes."""
         return {
-            "version": _STATE_VERSION,
+            "version": STATE_VERSION,
             "ewma_alpha": self._alpha,
             "specs": [{"job": j, "batch_size": b, "params_bytes": p} for j, (b, p) in self._specs.items()],
             "profiles": [
-                e.row or _profile_row(j, t, e)
+                e.row or profile_row(j, t, e)
                 for j, per_type in self._profiles.items()
                 for t, e in per_type.items()
             ],
             "entity": [
-                _row(_ENTITY_ROW, (j, *key, e.gpu_type, e.rate))
+                row(ENTITY_ROW, (j, *key, e.gpu_type, e.rate))
                 for j, table in self._entity.items()
                 for key, e in table.items()
             ],
             "type": [
-                _row(_TYPE_ROW, (j, *key, e.ratio, e.norm_rate))
+                row(TYPE_ROW, (j, *key, e.ratio, e.norm_rate))
                 for j, table in self._types.items()
                 for key, e in table.items()
             ],
-            "pairs": [[source, target, *counts] for (source, target), counts in self._pairs.items()],
+            "pairs": self._pairs.rows(),
         }
 
     @classmethod
@@ -502,55 +412,30 @@ class Estimator:
 
     @classmethod
     def _load(cls, state: Mapping[str, Any]) -> Estimator:
-        if state.get("version") != _STATE_VERSION:
+        if state.get("version") != STATE_VERSION:
             raise ModelError(f"estimator state: unknown version {state.get('version')!r}")
         est = cls(state["ewma_alpha"])
-        for row in state["specs"]:
-            require_count("estimator state: batch_size", row["batch_size"])
-            require("estimator state: params_bytes", row["params_bytes"], positive=False)
-            est._specs[row["job"]] = (row["batch_size"], row["params_bytes"])
-        for row in state["profiles"]:
-            profile = TimeProfile(**row["profile"])
-            data = _DataClusters(**row["data"])
-            for f in fields(_DataClusters):
-                require(f"estimator state: data.{f.name}", getattr(data, f.name), positive=False)
-            entry = _ProfileEntry(profile, Calibration(**row["measured_on"]), data, data.apply(profile))
-            est._profiles.setdefault(row["job"], {})[row["gpu_type"]] = entry
-        for row in state["entity"]:
-            job, server, gpus, n, gpu_type, rate = (row[k] for k in _ENTITY_ROW)
-            require_shape(gpus, n)
-            require("estimator state: rate", rate, positive=True)
-            est._entity.setdefault(job, {})[(server, gpus, n)] = _EntityEntry(gpu_type, rate)
-        for row in state["type"]:
-            job, gpu_type, gpus, n, ratio, norm = (row[k] for k in _TYPE_ROW)
-            require_shape(gpus, n)
-            for name, value in (("ratio", ratio), ("norm_rate", norm)):
-                if value is not None:
-                    require(f"estimator state: {name}", value, positive=True)
-            est._types.setdefault(job, {})[(gpu_type, gpus, n)] = _TypeEntry(ratio, norm)
+        for spec_row in state["specs"]:
+            job, spec = parse_spec_row(spec_row)
+            est._specs[job] = spec
+        for profile_row_ in state["profiles"]:
+            job, gpu_type, entry = parse_profile_row(profile_row_)
+            est._profiles.setdefault(job, {})[gpu_type] = entry
+        for entity_row in state["entity"]:
+            job, shape, entity = parse_entity_row(entity_row)
+            est._entity.setdefault(job, {})[shape] = entity
+        for type_row in state["type"]:
+            job, key, typed = parse_type_row(type_row)
+            est._types.setdefault(job, {})[key] = typed
         if "pairs" in state:  # (absent from states exported before the transfer prior)
-            for source, target, *counts in state["pairs"]:
-                if len(counts) != 4 or not all(is_real(c) for c in counts):
-                    raise ModelError(f"estimator state: bad type-pair row {[source, target, *counts]!r}")
-                est._pairs[(source, target)] = [float(c) for c in counts]
+            est._pairs.load(state["pairs"])
         else:
             for job in est._profiles:
-                est._count_pairs(job, 1.0)
+                est._pairs.count(est._profiles.get(job), 1.0)
         return est
 
     def _ewma(self, old: float | None, new: float) -> float:
         return new if old is None else self._alpha * new + (1.0 - self._alpha) * old
-
-    @staticmethod
-    def _theory(batch: int, params: float, server: Server, gpus: int, n: int, entry: _ProfileEntry) -> float:
-        cal, ref = server.calibration, entry.measured_on
-        # allreduce_time without its argument checks: shapes are checked on entry, calibrations on creation.
-        if n > 1:
-            tc = params / (cal.net_gbps * 1e9)
-        else:
-            tc = params / (cal.link_gbps * 1e9) * (gpus - 1) / gpus
-        scale_c, scale_d = cal.compute_factor / ref.compute_factor, cal.data_factor / ref.data_factor
-        return batch / iteration_time_of(entry.effective, tc, scale_c, scale_d)
 
     def _fill(self, job: JobSpec, server: Server, gpus_here: int, n_servers: int) -> _Cached:
         """Answer a cache miss and cache it. Written flat: a cold 4,096-GPU round asks about 180,000
@@ -572,7 +457,7 @@ class Estimator:
             theory = (
                 None
                 if profile is None
-                else self._theory(batch, params, server, gpus_here, n_servers, profile)
+                else theoretical_rate(batch, params, server, gpus_here, n_servers, profile)
             )
             types = self._types.get(jid)
             typed = None if types is None else types.get((server.gpu_type, gpus_here, n_servers))
@@ -596,28 +481,6 @@ def _lookup(servers: Mapping[ServerId, Server], sid: ServerId) -> Server:
     if server is None:
         raise ModelError(f"configuration names server {sid!r}, which is not among the given servers")
     return server
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _profile_row(job_id: JobId, gpu_type: GpuType, entry: _ProfileEntry) -> dict[str, Any]:
-    entry.row = _row(
-        _PROFILE_ROW, (job_id, gpu_type, *map(_fields_of, (entry.profile, entry.measured_on, entry.data)))
-    )
-    return entry.row
-
-
-def _fields_of(value: Any) -> dict[str, Any]:
-    # dataclasses.fields() per value was most of an export (44,000 calls at 5,000 jobs: 0.5 s)
-    names = _FIELD_NAMES.get(type(value))
-    if names is None:
-        names = _FIELD_NAMES[type(value)] = tuple(f.name for f in fields(value))
-    return {name: getattr(value, name) for name in names}
-
-
-def _row(keys: tuple[str, ...], values: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(keys, values, strict=True))
 
 
 def placement_sensitivity(

@@ -44,7 +44,8 @@ from hopsmgr.forecast.live import WAITING, LiveState
 from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.world import EstimatedWorld
 from hopsmgr.nodecontract import EXIT_CHECKPOINTED
-from hopsmgr.sim.engine import SimOptions, Simulation, _Run, _RunEnd, job_key
+from hopsmgr.sim.engine import Simulation
+from hopsmgr.sim.simstate import RunEnd, SimOptions, SimRun, job_key
 from hopsmgr.sim.workload import WorkloadJob
 
 _AFTER_S = 1e-3  # a held job waiting for another held job arrives this long after it
@@ -253,7 +254,7 @@ class Future(Simulation):
             assert since is not None
             job.done_samples = min(job.spec.total_samples, job.done_samples + rate * max(0.0, now - since))
             truth.done = job.done_samples
-        run = _Run(attempt.id, job.id, attempt.placement, rate, now, ready, job.done_samples, self._token())
+        run = SimRun(attempt.id, job.id, attempt.placement, rate, now, ready, job.done_samples, self._token())
         self.runs[attempt.id] = run
         if not started:  # launched, not confirmed yet: it starts now, as the simulated executor's do
             self._at(now, AttemptStarted("future-started", attempt.id))
@@ -269,12 +270,12 @@ class Future(Simulation):
             )
             self._at(
                 now + self.options.checkpoint_fixed_s,
-                _RunEnd(end.stimulus_id, attempt.id, token=run.token, ended=end),
+                RunEnd(end.stimulus_id, attempt.id, token=run.token, ended=end),
             )
             return
         if rate > 0:
             finish = ready + max(0.0, job.spec.total_samples - job.done_samples) / rate
-            self._at(finish, _RunEnd("future-exit", attempt.id, token=run.token))
+            self._at(finish, RunEnd("future-exit", attempt.id, token=run.token))
 
     def _launch(self, command: LaunchAttempt) -> None:
         # Started at once, within the same hand-over (the simulated executor's own start event comes

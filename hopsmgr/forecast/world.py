@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from hopsmgr.core.estimator import Estimator, TimeProfile
 from hopsmgr.core.model import Calibration, Config, JobSpec, Server
 from hopsmgr.core.transfer import with_transfer
-from hopsmgr.sim.engine import job_key
+from hopsmgr.sim.simstate import job_key
 from hopsmgr.sim.truth import Parts, TrueModel
 
 

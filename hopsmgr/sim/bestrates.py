@@ -17,8 +17,8 @@ import functools
 from collections.abc import Iterator, Sequence
 
 from hopsmgr.core.model import Server
-from hopsmgr.sim.engine import job_key
 from hopsmgr.sim.paperworld import PaperWorld
+from hopsmgr.sim.simstate import job_key
 from hopsmgr.sim.truth import gpu_key, job_factor
 from hopsmgr.sim.workload import WorkloadJob
 

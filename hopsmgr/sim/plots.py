@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hopsmgr.core import metrics
-from hopsmgr.sim.engine import SimResult
+from hopsmgr.sim.outcome import SimResult
 
 
 def draw_all(out: Path, results: Mapping[str, SimResult]) -> list[Path]:

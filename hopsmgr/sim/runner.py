@@ -26,10 +26,12 @@ from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
-from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, job_key
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.gavelworld import gavel_world
 from hopsmgr.sim.oracle import OracleEstimator
+from hopsmgr.sim.outcome import SimResult
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions, job_key
 from hopsmgr.sim.traces import read_trace, workload_from_spec
 from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob

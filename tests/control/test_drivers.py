@@ -25,8 +25,9 @@ from hopsmgr.master.controller import Controller
 from hopsmgr.master.state import JobPayload
 from hopsmgr.master.store import Store
 from hopsmgr.policies.registry import make_policy
-from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import poisson_workload
 
 WORLD = paper_world(seed=1)

@@ -32,8 +32,9 @@ from hopsmgr.forecast.policy import ForecastPolicy
 from hopsmgr.forecast.run import ForecastSettings, forecast
 from hopsmgr.master.state import load_attempt
 from hopsmgr.policies.base import HopsPolicy
-from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import WorkloadJob
 from tests.unit.test_core_purity import BANNED, clock_reads, imported_roots
 
@@ -479,7 +480,7 @@ def test_a_job_placed_on_a_type_it_was_never_profiled_on_runs_there_in_the_futur
     from hopsmgr.core.model import Calibration, JobSpec, Server
     from hopsmgr.core.transfer import with_transfer
     from hopsmgr.forecast.world import EstimatedWorld
-    from hopsmgr.sim.engine import job_key
+    from hopsmgr.sim.simstate import job_key
 
     fast, slow = Server("v1", "v100", 2), Server("k1", "k80", 2)
     estimator = Estimator()

@@ -101,7 +101,8 @@ def one_job_end(model: str, gpus: int) -> float:
     from hopsmgr.core.model import RequirementSet
     from hopsmgr.core.settings import SchedulerSettings
     from hopsmgr.policies.base import HopsPolicy
-    from hopsmgr.sim.engine import SimOptions, Simulation
+    from hopsmgr.sim.engine import Simulation
+    from hopsmgr.sim.simstate import SimOptions
     from hopsmgr.sim.workload import WorkloadJob
 
     job = WorkloadJob("j-000001", 0.0, model, RequirementSet.of([gpus]), 100 * 16.0 * gpus, 16)

@@ -29,9 +29,11 @@ from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.base import Policy, Timer
 from hopsmgr.policies.fifo import FifoPolicy
 from hopsmgr.policies.registry import POLICY_NAMES, make_policy
-from hopsmgr.sim.engine import SimOptions, SimResult, Simulation, job_key
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.oracle import OracleEstimator
+from hopsmgr.sim.outcome import SimResult
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions, job_key, unseen_server
 from hopsmgr.sim.truth import World
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
 
@@ -483,15 +485,15 @@ def test_unseen_server_draws_uniformly_outside_the_excluded_set() -> None:
     sim, _, _ = simulate("fifo", [])
     ids = [s.id for s in sim.servers]
     for excluded in (set(), {ids[0]}, set(ids[:3])):  # rejection sampling and the explicit list
-        counts = Counter(sim._unseen_server(excluded).id for _ in range(4000))  # type: ignore[union-attr]
+        counts = Counter(unseen_server(sim.servers, excluded, sim.rng).id for _ in range(4000))  # type: ignore[union-attr]
         assert set(counts) == set(ids) - excluded
         expected = 4000 / len(set(ids) - excluded)
         assert all(abs(n - expected) < 0.15 * expected for n in counts.values()), counts
-    assert sim._unseen_server(set(ids)) is None
+    assert unseen_server(sim.servers, set(ids), sim.rng) is None
 
 
 def test_error_over_time_bins_seen_and_unseen_samples() -> None:
-    from hopsmgr.sim.engine import EstimatorSample
+    from hopsmgr.sim.outcome import EstimatorSample
     from hopsmgr.sim.runner import error_over_time
 
     samples = [

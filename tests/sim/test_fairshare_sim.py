@@ -16,8 +16,10 @@ from hopsmgr.control.usage import current_usage
 from hopsmgr.core.model import RequirementSet, Server, TenantQuota
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import make_policy
-from hopsmgr.sim.engine import SimOptions, SimResult, Simulation
+from hopsmgr.sim.engine import Simulation
+from hopsmgr.sim.outcome import SimResult
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import WorkloadJob
 
 WORLD = paper_world(seed=1)

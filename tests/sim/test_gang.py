@@ -10,8 +10,9 @@ import pytest
 from hopsmgr.core.model import Calibration, Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import make_policy
-from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.traces import workload_from_spec
 from hopsmgr.sim.workload import parse_workload_spec
 

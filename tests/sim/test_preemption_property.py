@@ -28,8 +28,9 @@ from hopsmgr.core.lifecycle import TERMINAL
 from hopsmgr.core.model import Config, Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.policies.registry import make_policy
-from hopsmgr.sim.engine import SimOptions, Simulation
+from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.paperworld import paper_world
+from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.workload import WorkloadJob, poisson_workload
 
 WORLD = paper_world(seed=3)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from hopsmgr.config import ConfigError, load_cluster_config
 from hopsmgr.master.executor import ExecutorError
+from hopsmgr.master.known_hosts import add_known_host, fingerprint, key_type, scan_host_keys
 from hopsmgr.master.server import default_state_dir
-from hopsmgr.master.ssh import add_known_host, fingerprint, key_type, scan_host_keys
 
 
 def add_node_key(args: argparse.Namespace) -> int:

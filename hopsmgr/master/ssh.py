@@ -10,7 +10,8 @@ a dead peer); at most `ssh_max_channels` commands run at once on it. Authenticat
 (`ssh_key`, default ~/.ssh/id_ed25519: no password, no agent, no forwarding, no ~/.ssh/config) and host
 keys are always checked against `known_hosts` (default <state_dir>/known_hosts), read again on every
 connect. Adding a node's key is an operator's decision: `scan_host_keys` shows them, `add_known_host`
-records it once confirmed. Failures raise `ExecutorError` with kind:
+records it once confirmed (both in hopsmgr.master.known_hosts). Failures raise `ExecutorError` with kind
+(hopsmgr.master.ssh_errors classifies them):
 
     unreachable  refused / no route / DNS / connect timeout / connection lost / command timed out
     auth         the node refused the key (or the key file cannot be read)
@@ -29,10 +30,8 @@ import asyncio
 import contextlib
 import getpass
 import hashlib
-import json
 import posixpath
 import shlex
-import socket
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -64,6 +63,7 @@ from hopsmgr.master.executor import (
     signal_args,
     wrapper_args,
 )
+from hopsmgr.master.ssh_errors import classify, parse_reply, sftp_error
 
 log = structlog.get_logger("hopsmgr.master.ssh")
 
@@ -87,51 +87,6 @@ class _Node:
     conn: asyncssh.SSHClientConnection | None = None
     failures: int = 0
     error: ExecutorError | None = None
-
-
-def classify(exc: BaseException, where: str) -> ExecutorError:
-    """The `ExecutorError` for an exception raised while connecting to or talking with a node."""
-    if isinstance(exc, ExecutorError):
-        return exc
-    if isinstance(exc, asyncssh.HostKeyNotVerifiable):
-        return ExecutorError("hostkey", f"{where}: host key not verified ({exc.reason})")
-    if isinstance(exc, asyncssh.PermissionDenied):
-        return ExecutorError("auth", f"{where}: key refused ({exc.reason})")
-    if isinstance(exc, asyncio.TimeoutError):  # before OSError: TimeoutError is one
-        return ExecutorError("unreachable", f"{where}: timed out")
-    if isinstance(exc, asyncssh.DisconnectError):
-        return ExecutorError("unreachable", f"{where}: disconnected ({exc.reason})")
-    if isinstance(exc, asyncssh.ChannelOpenError):
-        return ExecutorError("unreachable", f"{where}: channel refused ({exc.reason})")
-    if isinstance(exc, OSError):
-        return ExecutorError("unreachable", f"{where}: {exc.strerror or exc}")
-    return ExecutorError("failed", f"{where}: {type(exc).__name__}: {exc}")
-
-
-def sftp_error(exc: BaseException, where: str) -> ExecutorError:
-    """`classify`, except that a lost SFTP session is "unreachable" and other SFTP errors "failed"."""
-    if isinstance(exc, (asyncssh.SFTPConnectionLost, asyncssh.SFTPNoConnection)):
-        return ExecutorError("unreachable", f"{where}: connection lost ({exc.reason})")
-    if isinstance(exc, asyncssh.SFTPError):
-        return ExecutorError("failed", f"{where}: {exc.reason}")
-    return classify(exc, where)
-
-
-def parse_reply(
-    exit_status: int | None, stdout: str, stderr: str, exit_signal: str | None = None
-) -> dict[str, Any]:
-    """The wrapper's JSON reply, or the ExecutorError its exit status means (as LocalExecutor reads it)."""
-    try:
-        reply = json.loads(stdout or "{}")
-    except json.JSONDecodeError:
-        reply = {"error": (stdout + stderr)[-500:]}
-    if exit_status != 0:
-        kind = "refused" if exit_status == 3 else "failed"
-        message = reply.get("error") if isinstance(reply, dict) else None
-        if exit_status is None or exit_signal:
-            message = message or f"no exit status (signal {exit_signal or '?'})"
-        raise ExecutorError(kind, str(message or stderr[-500:] or f"exit {exit_status}"))
-    return reply if isinstance(reply, dict) else {}
 
 
 class SshExecutor:
@@ -492,97 +447,3 @@ def _text(data: object) -> str:
     if isinstance(data, bytes):
         return data.decode(errors="replace")
     return data if isinstance(data, str) else ""
-
-
-# -- host keys, for `hopsmgr nodes add` (the operator confirms; never automatic) ---------------------
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """How known_hosts names a host: `address`, or `[address]:port` off port 22."""
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-async def scan_host_key(address: str, port: int = 22, timeout_s: float = 10.0) -> str:
-    """The node's host key as a known_hosts line (not trusted: show its fingerprint to the operator)."""
-    where = f"{address}:{port}"
-    try:
-        key = await asyncio.wait_for(asyncssh.get_server_host_key(address, port, config=[]), timeout_s)
-    except Exception as exc:
-        raise classify(exc, where) from None
-    if key is None:
-        raise ExecutorError("hostkey", f"{where}: the server offered no host key")
-    return f"{known_hosts_name(address, port)} {key.export_public_key('openssh').decode().strip()}"
-
-
-# host key algorithms in the order `nodes add` prefers them (ssh-keygen's ED25519 first)
-HOST_KEY_ALGS = (
-    "ssh-ed25519",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "rsa-sha2-512",
-)
-
-
-async def scan_host_keys(address: str, port: int = 22, timeout_s: float = 10.0) -> list[str]:
-    """Every host key the node offers, as known_hosts lines, ED25519 first (one handshake per key
-    algorithm; algorithms the server has no key for are skipped). Raises ExecutorError when the
-    node cannot be reached at all."""
-    where = f"{address}:{port}"
-    lines: list[str] = []
-    first_error: Exception | None = None
-    for alg in HOST_KEY_ALGS:
-        try:
-            key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg], config=[]), timeout_s
-            )
-        except (ConnectionRefusedError, socket.gaierror, asyncio.TimeoutError) as exc:  # unreachable
-            raise classify(exc, where) from None
-        except Exception as exc:  # no key of this algorithm: sshd drops the handshake
-            first_error = first_error or exc
-            continue
-        if key is not None:
-            line = f"{known_hosts_name(address, port)} {key.export_public_key('openssh').decode().strip()}"
-            if line not in lines:
-                lines.append(line)
-    if not lines:
-        if first_error is not None:
-            raise classify(first_error, where)
-        raise ExecutorError("hostkey", f"{where}: the server offered no host key")
-    return lines
-
-
-def key_type(line: str) -> str:
-    """The key type of a known_hosts line as ssh-keygen -l names it: ED25519, ECDSA, RSA, ..."""
-    alg = line.split()[1]
-    if alg == "ssh-ed25519":
-        return "ED25519"
-    if alg.startswith("ecdsa-"):
-        return "ECDSA"
-    if alg in ("ssh-rsa", "rsa-sha2-256", "rsa-sha2-512"):
-        return "RSA"
-    return alg
-
-
-def fingerprint(line: str) -> str:
-    """The SHA256 fingerprint of the key in a known_hosts line (what `ssh-keygen -lf` prints)."""
-    parts = line.split()
-    if len(parts) < 3:
-        raise ValueError(f"not a known_hosts line (HOST KEYTYPE KEY): {line!r}")
-    return str(asyncssh.import_public_key(" ".join(parts[1:3])).get_fingerprint("sha256"))
-
-
-def add_known_host(path: Path, line: str) -> None:
-    """Append a confirmed known_hosts line to `path` (created if missing); a repeated line is not added.
-
-    A malformed line raises ValueError (asyncssh.KeyImportError is one) before anything is written.
-    """
-    line = line.strip()
-    fingerprint(line)
-    asyncssh.import_known_hosts(line)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text() if path.exists() else ""
-    if line in (x.strip() for x in text.splitlines()):
-        return
-    with open(path, "a") as f:
-        f.write(("\n" if text and not text.endswith("\n") else "") + line + "\n")

@@ -13,6 +13,8 @@ Rows travel as plain dicts (`JobRow`, `AttemptRow` ... are TypedDict-free dicts 
 master's in-memory records (hopsmgr.master.state) convert to and from them. Queries are written once,
 with `?` and `:name` parameters; a backend overrides only the connection, transaction and schema-version
 hooks (`_begin`, `_commit`, `_rollback`, `_exec`, `_migrate`...), so a method added here works on both.
+The commit rules on top of those hooks (`transaction`, `grouped`, `savepoint`) live in
+hopsmgr.master.transactions.
 `open_store(location)` picks the backend: a path (SQLite) or a postgresql:// URL.
 """
 
@@ -23,12 +25,12 @@ import hmac
 import json
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hopsmgr.master.migrations import MIGRATIONS, SCHEMA_VERSION
+from hopsmgr.master.transactions import TransactionalStore
 from hopsmgr.protocol import ROLES
 
 Row = dict[str, Any]
@@ -87,7 +89,7 @@ def open_store(location: str | os.PathLike[str]) -> Store:
     return Store(location)
 
 
-class Store:
+class Store(TransactionalStore):
     """One SQLite file; all methods run on the master's event-loop thread (the only writer)."""
 
     backend = "sqlite"
@@ -137,29 +139,6 @@ class Store:
     def schema_version(self) -> int:
         return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One commit for everything inside (nested calls join the outer one). An open group commit
-        (`grouped`) is committed first: whoever asks for a transaction acts on durable state."""
-        if self._depth:
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-            return
-        self.commit_group()
-        self._begin()
-        self._depth = 1
-        try:
-            yield
-        except BaseException:
-            self._depth = 0
-            self._rollback()
-            raise
-        self._depth = 0
-        self._commit()
-
     def _begin(self) -> None:
         try:
             self._db.execute("BEGIN IMMEDIATE")
@@ -180,56 +159,9 @@ class Store:
         if self._in_transaction():  # SQLite may have rolled back already (disk full, I/O error)
             self._db.execute("ROLLBACK")
 
-    @contextmanager
-    def grouped(self) -> Iterator[None]:
-        """Changes that join the open group commit (one fsync for many callers): a savepoint inside it,
-        rolled back alone if the block fails. Call `commit_group` before relying on durability."""
-        if self._depth:
-            with self.transaction():
-                yield
-            return
-        if not self._group_open:
-            self._begin()
-            self._group_open = True
-        self._exec("SAVEPOINT grouped")
-        self._depth = 1
-        try:
-            yield
-        except BaseException:
-            self._depth = 0
-            if self._in_transaction():
-                self._exec("ROLLBACK TO SAVEPOINT grouped")
-                self._exec("RELEASE SAVEPOINT grouped")
-            else:  # the backend rolled the whole group back (disk full, I/O error, connection lost)
-                self._group_open = False
-            raise
-        self._depth = 0
-        self._exec("RELEASE SAVEPOINT grouped")
-
-    @contextmanager
-    def savepoint(self) -> Iterator[None]:
-        """Inside a transaction: a block rolled back alone if it fails (hopsmgr.master.writer: each
-        write of a batch)."""
-        assert self._depth, "a savepoint needs an open transaction"
-        self._exec("SAVEPOINT one_write")
-        try:
-            yield
-        except BaseException:
-            if self._in_transaction():
-                self._exec("ROLLBACK TO SAVEPOINT one_write")
-                self._exec("RELEASE SAVEPOINT one_write")
-            raise
-        self._exec("RELEASE SAVEPOINT one_write")
-
     def sibling(self) -> Store:
         """A second connection to the same state (the store writer's thread), fenced like this one."""
         return Store(self.path)
-
-    def commit_group(self) -> None:
-        """Make the open group commit durable (no-op when none is open)."""
-        if self._group_open:
-            self._group_open = False
-            self._commit()
 
     def _exec(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
         """Run one statement (`?` or `:name` parameters); a cursor with fetchone/fetchall."""

@@ -24,7 +24,8 @@ import pytest
 
 from hopsmgr.config import ClusterConfig, parse_cluster_config
 from hopsmgr.master.executor import ExecutorError, LaunchOrder, NodeTarget
-from hopsmgr.master.ssh import SshExecutor, add_known_host, fingerprint, scan_host_key
+from hopsmgr.master.known_hosts import add_known_host, fingerprint, scan_host_key
+from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.node.layout import record_alive
 from tests.integration.cluster import EXAMPLE, PYTHON, LocalCluster, Node, wait_for
 from tests.integration.sshd import Sshd, free_port, keygen, known_hosts_line, require_sshd

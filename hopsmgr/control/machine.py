@@ -4,11 +4,11 @@
 returns the commands it causes (hopsmgr.control.commands): first a `Persist` with the records to write,
 then node commands, plan requests and replies. It reads no clock (`now` comes in), does no I/O and
 knows nothing of asyncio, SQLite or SSH: the master and the simulator are two drivers of it. Everything
-that decides lives here or below: submission limits, the job lifecycle (one door: `_set`, through the
-table of hopsmgr.core.lifecycle), node health from heartbeat ages, the profiling budget, when a
-fragment plan is worth making, the plan cycle (hopsmgr.control.cycle), turning a plan into ordered
-stops and launches (hopsmgr.control.acting), and when a launch may go (once the stops that free its GPUs
-have ended).
+that decides lives here or below: submission limits (hopsmgr.control.admission), the job lifecycle (one
+door: `_set`, through the table of hopsmgr.core.lifecycle), node health from heartbeat ages, the
+profiling budget, when a fragment plan is worth making, the plan cycle (hopsmgr.control.cycle), turning
+a plan into ordered stops and launches (hopsmgr.control.acting), and when a launch may go (once the
+stops that free its GPUs have ended). Its settings: hopsmgr.control.settings.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
-from hopsmgr.control import acting, cycle, nodes
+from hopsmgr.control import acting, admission, cycle, nodes
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import (
     AttemptRow,
@@ -56,33 +55,12 @@ from hopsmgr.control.events import (
     StateRestored,
 )
 from hopsmgr.control.records import Attempt, ControlState, EndedJob, Job, Node
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.iteration import RUN_TIME_PROFILE
 from hopsmgr.core.lifecycle import LIVE, TERMINAL, JobState, transition
 from hopsmgr.core.model import Calibration, Config, JobSpec, Server, TenantQuota, spans_types
 from hopsmgr.core.priority import PriorityContext, expected_run_s
-from hopsmgr.core.settings import SchedulerSettings
-
-
-@dataclass(frozen=True, slots=True)
-class ControlSettings:
-    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
-    fragment_plans: bool = True  # the policy's: plan idle GPUs between rounds
-    profiling: bool = True  # new jobs get profiling runs (off: they need profiles at submission)
-    profiling_share: float = 0.25
-    observe_every_s: float = 10.0  # at most one throughput observation per attempt this often
-    suspect_after_s: float = 15.0
-    lost_after_s: float = 60.0
-    exec_error_backoff_s: float = 60.0
-    heartbeat_interval_s: float = 5.0
-    # apply a plan this many actions at a time, other events handled in between (ContinuePlan /
-    # PlanContinue); None: at once. The master slices, so that a plan of a thousand launches does not
-    # hold up heartbeats; the simulator applies at once (nothing can happen in between there)
-    plan_slice: int | None = None
-    # prepare a plan request in steps of this many jobs of the profiling pass, other events handled in
-    # between (ContinuePlan / PlanContinue, as plan_slice); None: in one step (the simulator)
-    request_slice: int | None = None
-
 
 IDLE_RECHECK_S = 1.0
 PROFILING_WAITS = 50
@@ -288,42 +266,10 @@ class SchedulerMachine:
     # -- jobs ---------------------------------------------------------------------------------------------
 
     def refusal(self, spec: JobSpec) -> Reply | None:
-        """Why a submission of `spec` is refused (unknown tenant, more GPUs than it may ever get), or None."""
-        state = self.state
-        if spec.id in state.jobs:
-            return Reply(self._stimulus, spec.id, "id", f"job {spec.id} exists", 409)
-        quota = state.tenants.get(spec.tenant)
-        if state.tenants and quota is None:
-            known = ", ".join(sorted(state.tenants))
-            return Reply(
-                self._stimulus, None, "tenant", f"unknown tenant {spec.tenant!r} (known: {known})", 422
-            )
-        total = state.total_gpus
-        limit = min(total, quota.cap_gpus) if quota is not None and quota.cap_gpus is not None else total
-        if spec.requirements.minimum > limit:
-            where = f"tenant {spec.tenant!r} cap of {limit}" if limit < total else f"cluster's {total}"
-            message = (
-                f"the smallest GPU count asked for ({spec.requirements.minimum}) exceeds the {where} GPUs"
-            )
-            return Reply(self._stimulus, None, "gpus", message, 422)
-        if spec.one_server:
-            largest = max((n.server.gpus for n in state.nodes.values()), default=0)
-            if state.nodes and spec.requirements.minimum > largest:
-                message = (
-                    f"no placement can ever hold {spec.requirements.minimum} GPUs on one server: the"
-                    f" largest has {largest} GPUs"
-                )
-                return Reply(self._stimulus, None, "one_server", message, 422)
-        per_type = state.type_gpus
-        mixed = self.settings.scheduler.mixed_types and spec.runtime  # else a placement uses one type
-        if per_type and not mixed and spec.requirements.minimum > max(per_type.values()):
-            types = ", ".join(f"{t}: {g}" for t, g in sorted(per_type.items()))
-            message = (
-                f"no placement can ever hold {spec.requirements.minimum} GPUs: a placement uses one GPU"
-                f" type and the largest has {max(per_type.values())} GPUs ({types})"
-            )
-            return Reply(self._stimulus, None, "gpus", message, 422)
-        return None
+        """Why a submission of `spec` is refused (unknown tenant, more GPUs than it may ever get), or None
+        (hopsmgr.control.admission)."""
+        mixed_types = self.settings.scheduler.mixed_types
+        return admission.refusal(self.state, spec, mixed_types=mixed_types, stimulus=self._stimulus)
 
     def _submitted(self, event: JobSubmitted) -> None:
         spec = event.spec

@@ -21,11 +21,13 @@ from aiohttp import web
 
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.master import heartbeats, identity, views
-from hopsmgr.master.controller import Controller, Principal, RequestError
+from hopsmgr.master.access import Principal
+from hopsmgr.master.controller import Controller, RequestError
 from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.metrics import prometheus_text
-from hopsmgr.master.openapi import MAX_LIMIT, MAX_TAIL, NODE_ID, openapi_document
+from hopsmgr.master.openapi import openapi_document
 from hopsmgr.master.rounds import RoundLoop
+from hopsmgr.master.schemas import MAX_LIMIT, MAX_TAIL, NODE_ID
 from hopsmgr.master.store import StoreError
 from hopsmgr.master.whatif import WhatIfs
 from hopsmgr.protocol import (

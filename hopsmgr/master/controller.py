@@ -8,7 +8,9 @@ commands in tasks of their own (hopsmgr.master.commands); it wakes the round loo
 machine asks for a plan. Node commands go out in the order their events came, also those whose event
 recorded nothing (they wait for the writes before them). A submission's reply, a cancel's and a
 heartbeat's wait for their own writes (`durable`); a job is visible only once its write committed.
-Heartbeats and node health live in hopsmgr.master.heartbeats. The clock is injected (`clock`).
+Heartbeats and node health live in hopsmgr.master.heartbeats, a submission's checks in
+hopsmgr.master.submissions, who asks (`Principal`) in hopsmgr.master.access. The clock is injected
+(`clock`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -37,14 +39,16 @@ from hopsmgr.control.commands import (
     ThroughputSample,
 )
 from hopsmgr.control.events import Event, JobCancelled, JobSubmitted, NodeChanged, StateRestored
-from hopsmgr.control.machine import ControlSettings, SchedulerMachine
-from hopsmgr.control.records import Attempt, ControlState, Job
+from hopsmgr.control.machine import SchedulerMachine
+from hopsmgr.control.records import Job
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.lifecycle import TERMINAL, JobState
-from hopsmgr.core.model import Calibration, JobSpec, ModelError, RequirementSet
+from hopsmgr.core.model import Calibration, JobSpec, ModelError
 from hopsmgr.core.planner import Plan
 from hopsmgr.core.priority import PriorityContext
-from hopsmgr.master import persist
+from hopsmgr.master import persist, submissions
+from hopsmgr.master.access import Principal, StateView
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.executor import Executor, NodeTarget
 from hopsmgr.master.planner_process import LoggedEstimator
@@ -69,57 +73,7 @@ PLAN_SLICE = 64  # a plan's actions applied per turn of the event loop (ControlS
 REQUEST_SLICE = 2_000  # jobs of a plan request's profiling pass per turn (ControlSettings.request_slice)
 USAGE_SAMPLES = 144  # a day of samples
 
-__all__ = ["Controller", "Principal", "RequestError", "Submission"]
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who makes a request: a user of a tenant; an admin (everything), a tenant admin (the tenant's
-    jobs), or the agents (the cluster token, heartbeats only)."""
-
-    user: str
-    tenant: str
-    admin: bool = False
-    agent: bool = False
-    tenant_admin: bool = False
-
-    def acts_for(self, row: Row) -> bool:
-        """Whether this principal may see a job in full (command, env, logs) and cancel it."""
-        if self.admin:
-            return True
-        if row["tenant"] != self.tenant:
-            return False
-        return self.tenant_admin or row["user"] == self.user
-
-
-class StateView:
-    """Read-only access to live jobs, open attempts (the machine's) and nodes (the master's), for views."""
-
-    def __init__(self, control: ControlState, nodes: dict[str, NodeRecord]) -> None:
-        self.control = control
-        self.nodes = nodes
-
-    @property
-    def jobs(self) -> dict[str, Job]:
-        return self.control.jobs
-
-    @property
-    def attempts(self) -> dict[str, Attempt]:
-        return self.control.attempts
-
-    @property
-    def tenants(self) -> dict[str, Any]:
-        return self.control.tenants
-
-    @property
-    def total_gpus(self) -> int:
-        return self.control.total_gpus
-
-    def held(self) -> dict[str, int]:
-        return self.control.held()
-
-    def attempts_on(self, node_id: str) -> list[Attempt]:
-        return sorted(self.control.attempts_on(node_id), key=lambda a: a.id)
+__all__ = ["Controller", "RequestError", "Submission"]
 
 
 class Controller:
@@ -383,46 +337,14 @@ class Controller:
     def spec_for(self, who: Principal, sub: Submission) -> JobSpec:
         """The job a submission describes, checked as `submit` checks it (RequestError naming the field);
         its id is "j-new". Nothing is stored: `submit` and the what-if forecasts build on it."""
-        tenant = sub.tenant or who.tenant
-        if not who.admin and tenant != who.tenant:
-            raise RequestError(
-                403, "tenant", f"user {who.user!r} of tenant {who.tenant!r} cannot submit to {tenant!r}"
-            )
-        try:
-            requirements = RequirementSet.of(sub.gpus)
-        except ModelError as exc:
-            raise RequestError(400, "gpus", str(exc)) from exc
-        batch_size = sub.batch_size or 1
-        if not sub.runtime:  # work in seconds at nominal speed (hopsmgr.core.estimator.RUN_TIME_PROFILE)
-            run_s = sub.time_s or self.config.scheduler.default_run_s
-            samples = JobSpec.samples_from_iterations(run_s, 1, requirements)
-        elif sub.samples is not None:
-            samples = sub.samples
-        else:
-            assert sub.iterations is not None
-            samples = JobSpec.samples_from_iterations(sub.iterations, batch_size, requirements)
-        after = self._dependencies(who, sub.after)
-        now = self.clock()
-        try:
-            spec = JobSpec(
-                id="j-new",
-                requirements=requirements,
-                total_samples=samples,
-                batch_size=batch_size,
-                runtime=sub.runtime,
-                preemptible=sub.runtime or sub.checkpoint_signal is not None,
-                time_limit_s=sub.time_s,
-                after=after,
-                one_server=sub.one_server,
-                tenant=tenant,
-                user=who.user,
-                name=sub.name,
-                params_bytes=sub.params * 4.0,
-                submit_time=now,
-                restart_s=10.0 + sub.params * 4.0 * 2 / 200e6,  # start-up + checkpoint write and read
-            )
-        except ModelError as exc:
-            raise RequestError(400, None, str(exc)) from exc
+        spec = submissions.job_spec(
+            who,
+            sub,
+            default_run_s=self.config.scheduler.default_run_s,
+            visible=self.visible,
+            live=self.machine.state.jobs,
+            clock=self.clock,
+        )
         refused = self.machine.refusal(spec)
         if refused is not None:
             raise RequestError(refused.status, refused.error_field, refused.error or "refused")
@@ -472,23 +394,6 @@ class Controller:
         row = self.store.job(job_id)
         assert row is not None
         return row
-
-    def _dependencies(self, who: Principal, after: tuple[str, ...]) -> tuple[str, ...]:
-        """The jobs of `after` still to wait for; refused: one the submitter cannot see, or one that
-        ended without completing (this job could never start)."""
-        waiting = []
-        for dep in after:
-            try:
-                row = self.visible(who, dep)
-            except RequestError:
-                raise RequestError(422, "after", f"no job {dep!r} to wait for") from None
-            if dep in self.machine.state.jobs:
-                waiting.append(dep)
-            elif row["state"] != JobState.COMPLETED.value:
-                raise RequestError(
-                    422, "after", f"job {dep} ended {row['state']}: a job after it could never start"
-                )
-        return tuple(waiting)
 
     def visible(self, who: Principal, job_id: str, *, full: bool = True) -> Row:
         """The job's row if `who` may see it (in `full`: its command, env, logs, and cancel it)."""

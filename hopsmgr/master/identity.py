@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hopsmgr.config import ClusterConfig
-from hopsmgr.master.controller import Principal
+from hopsmgr.master.access import Principal
 from hopsmgr.master.errors import RequestError
 from hopsmgr.master.store import Row, Store
 from hopsmgr.master.tokens import new_token

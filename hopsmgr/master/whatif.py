@@ -25,9 +25,10 @@ from hopsmgr.forecast.whatif import (
     with_new_job,
     with_requirements,
 )
-from hopsmgr.master.controller import Controller, Principal, RequestError
+from hopsmgr.master.access import Principal
+from hopsmgr.master.controller import Controller, RequestError
 from hopsmgr.master.forecasts import Forecaster
-from hopsmgr.master.openapi import GPUS_PATTERN
+from hopsmgr.master.schemas import GPUS_PATTERN
 from hopsmgr.master.worker import WorkerError, WorkerTimeout
 from hopsmgr.protocol import Submission
 

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 from hopsmgr.control.commands import Command, ContinuePlan, Persist, PlanRequest, PlanSoon
 from hopsmgr.control.diagram import EMITS
 from hopsmgr.control.events import Event, NodeBeat, PlanContinue, PlanReady
-from hopsmgr.control.machine import ControlSettings, SchedulerMachine
+from hopsmgr.control.machine import SchedulerMachine
 from hopsmgr.control.planning import compute_plan
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import TERMINAL
 from hopsmgr.core.model import JobSpec, RequirementSet, Server, TenantQuota

@@ -6,7 +6,7 @@ import pytest
 
 from hopsmgr.control.commands import UsageRecord
 from hopsmgr.control.events import AttemptEnded, AttemptStarted, RoundTick, StateRestored
-from hopsmgr.control.machine import ControlSettings
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.control.usage import current_usage
 from hopsmgr.core.model import TenantQuota
 from hopsmgr.core.settings import SchedulerSettings

@@ -36,8 +36,8 @@ from hopsmgr.control.events import (
     RunReport,
     StateRestored,
 )
-from hopsmgr.control.machine import ControlSettings
 from hopsmgr.control.planning import STARVED_ROUNDS
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, TenantQuota
 from hopsmgr.core.plan import Plan

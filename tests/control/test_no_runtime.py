@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from hopsmgr.control.commands import CheckpointAndStop, LaunchAttempt, Reply, StartProfiling, StopAttempt
 from hopsmgr.control.events import AttemptEnded, AttemptStarted, HealthTick, JobSubmitted, NodeBeat, RoundTick
-from hopsmgr.control.machine import ControlSettings
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Calibration, JobSpec, RequirementSet, Server
 from hopsmgr.core.settings import SchedulerSettings

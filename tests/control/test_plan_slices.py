@@ -32,7 +32,7 @@ from hopsmgr.control.events import (
     PlanReady,
     RoundTick,
 )
-from hopsmgr.control.machine import ControlSettings
+from hopsmgr.control.settings import ControlSettings
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobView
 from hopsmgr.core.plan import Plan

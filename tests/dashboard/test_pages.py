@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopsmgr.master.controller import Principal
+from hopsmgr.master.access import Principal
 from hopsmgr.master.dashboard import pages
 
 

@@ -17,7 +17,8 @@ from hopsmgr.control.planning import compute_plan
 from hopsmgr.core.model import Server
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master import heartbeats
-from hopsmgr.master.controller import Controller, Principal
+from hopsmgr.master.access import Principal
+from hopsmgr.master.controller import Controller
 from hopsmgr.master.store import Store, StoreError
 from hopsmgr.policies.base import HopsPolicy
 from hopsmgr.protocol import FinishedAttempt, Heartbeat, RunningAttempt, parse_submission

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from hopsmgr.config import ClusterConfig, parse_cluster_config
-from hopsmgr.master.controller import Principal, RequestError
+from hopsmgr.master.access import Principal
+from hopsmgr.master.controller import RequestError
 from hopsmgr.master.identity import run_as
 from hopsmgr.master.store import Store
 

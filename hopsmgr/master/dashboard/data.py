@@ -13,8 +13,9 @@ from typing import Any
 
 from aiohttp import web
 
+from hopsmgr.master.access import Principal
 from hopsmgr.master.api import CTL, LOOP, principal
-from hopsmgr.master.controller import Controller, Principal, RequestError
+from hopsmgr.master.controller import Controller, RequestError
 from hopsmgr.master.dashboard.render import WAITING
 from hopsmgr.protocol import WireError
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hopsmgr.master.controller import Principal
+from hopsmgr.master.access import Principal
 from hopsmgr.master.dashboard.history import History
 from hopsmgr.master.dashboard.render import (
     WAITING,

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from html import escape
 
 from hopsmgr import durations
-from hopsmgr.master.controller import Principal
+from hopsmgr.master.access import Principal
 
 WAITING = ("PENDING", "PROFILING", "QUEUED")  # the job states of the queue page
 

@@ -22,12 +22,12 @@ from typing import Any
 
 from aiohttp import web
 
-from hopsmgr.master.controller import Principal
+from hopsmgr.master.access import Principal
 from hopsmgr.master.dashboard import data, pages
 from hopsmgr.master.dashboard.history import History
 from hopsmgr.master.dashboard.render import error_page, frame, login_page
 from hopsmgr.master.dashboard.session import COOKIE, Session, Sessions, csrf_ok
-from hopsmgr.master.openapi import NODE_ID_PATTERN
+from hopsmgr.master.schemas import NODE_ID_PATTERN
 from hopsmgr.protocol import JOB_ID_PATTERN
 
 SESSIONS = web.AppKey("dashboard_sessions", Sessions)

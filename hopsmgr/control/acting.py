@@ -4,27 +4,25 @@
 creates the new attempts (they hold their GPUs from this moment), moves stopped jobs to CHECKPOINTING
 and sends each launch as soon as the stops whose GPUs it needs have ended, all at once or in slices. `end_attempt` records an attempt's end once
 and moves its job on: profiled, requeued (checkpointed, preempted, node lost), completed or failed.
-Both work on a `SchedulerMachine` (hopsmgr.control.machine), through its one door for state changes.
+Both work on the machine (hopsmgr.control.machine, seen as hopsmgr.control.context.MachineCore),
+through its one door for state changes.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from hopsmgr.control import snapshot as views
 from hopsmgr.control import usage
 from hopsmgr.control.commands import CheckpointAndStop, ProfilingWaits, StopAttempt
+from hopsmgr.control.context import MachineCore
 from hopsmgr.control.records import Attempt, Job, NodeHealth
 from hopsmgr.core.estimator import TimeProfile
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import Config, JobId
 from hopsmgr.core.planner import Plan, ProfilingRun
 from hopsmgr.core.reconcile import Action, CheckpointStop, Launch, ReconcileError, reconcile
-
-if TYPE_CHECKING:
-    from hopsmgr.control.machine import SchedulerMachine
 
 _PROFILE_KEY = "~profile~"  # desired-placement key of a profiling run inside reconcile (never leaves here)
 WANTED = (JobState.QUEUED, JobState.RUNNING, JobState.LAUNCHING)
@@ -68,7 +66,7 @@ class PlanUnderWay:
     resumed: bool = False  # a slice after the first: the state may have moved since reconcile
 
 
-def plan_actions(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]) -> PlanUnderWay | None:
+def plan_actions(m: MachineCore, plan: Plan, runs: tuple[ProfilingRun, ...]) -> PlanUnderWay | None:
     """`plan` as ordered actions against what is placed now; None when it no longer fits the state."""
     state = m.state
     current = views.current_placements(state)
@@ -96,7 +94,7 @@ def plan_actions(m: SchedulerMachine, plan: Plan, runs: tuple[ProfilingRun, ...]
     return PlanUnderWay(plan, actions, profile_runs)
 
 
-def apply_actions(m: SchedulerMachine, work: PlanUnderWay, limit: int | None = None) -> bool:
+def apply_actions(m: MachineCore, work: PlanUnderWay, limit: int | None = None) -> bool:
     """Apply the next `limit` actions of `work` (all of them without a limit); whether none is left.
     In a later slice a launch onto a node that no longer takes new work is dropped (the next plan
     places its job again), and a launch does not wait for a stop that has ended meanwhile."""
@@ -129,7 +127,7 @@ def apply_actions(m: SchedulerMachine, work: PlanUnderWay, limit: int | None = N
     return work.done >= len(work.actions)
 
 
-def _takes_work(m: SchedulerMachine, server_id: str) -> bool:
+def _takes_work(m: MachineCore, server_id: str) -> bool:
     node = m.state.nodes.get(server_id)
     return (
         node is not None
@@ -139,7 +137,7 @@ def _takes_work(m: SchedulerMachine, server_id: str) -> bool:
     )
 
 
-def _stop(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
+def _stop(m: MachineCore, job: Job, attempt: Attempt, reason: str) -> None:
     attempt.stopping, attempt.stop_reason, attempt.stop_sent = True, reason, True
     m.record(m.attempt_row(attempt))
     m.set_state(
@@ -156,7 +154,7 @@ def _stop(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
     )
 
 
-def _stop_launching(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str) -> None:
+def _stop_launching(m: MachineCore, job: Job, attempt: Attempt, reason: str) -> None:
     """A plan takes the GPUs of a job whose attempt has not started yet: there is nothing to
     checkpoint (LAUNCHING -> CHECKPOINTING is no transition), so it is stopped; when it has ended the
     job is QUEUED again and the next plan places it."""
@@ -174,7 +172,7 @@ def _stop_launching(m: SchedulerMachine, job: Job, attempt: Attempt, reason: str
     )
 
 
-def _new_attempt(m: SchedulerMachine, action: Launch, run: ProfilingRun | None) -> Attempt | None:
+def _new_attempt(m: MachineCore, action: Launch, run: ProfilingRun | None) -> Attempt | None:
     state = m.state
     job = state.jobs.get(run.job_id if run is not None else action.job_id)
     if job is None:
@@ -225,7 +223,7 @@ def _new_attempt(m: SchedulerMachine, action: Launch, run: ProfilingRun | None) 
 
 
 def end_attempt(
-    m: SchedulerMachine,
+    m: MachineCore,
     attempt: Attempt,
     reason: str,
     code: int | None,
@@ -260,7 +258,7 @@ def end_attempt(
 
 
 def _end_profiling(
-    m: SchedulerMachine,
+    m: MachineCore,
     job: Job,
     attempt: Attempt,
     reason: str,
@@ -302,7 +300,7 @@ def _end_profiling(
 
 
 def _end_run(
-    m: SchedulerMachine,
+    m: MachineCore,
     job: Job,
     attempt: Attempt,
     reason: str,

@@ -5,29 +5,43 @@ profiling, builds the planner's snapshot) unless one is being prepared, made or 
 first plan is asked for as soon as that one is done. `on_plan_ready` turns the plan into ordered
 actions (hopsmgr.control.acting) and applies them. Both in one step or in slices
 (`ControlSettings.request_slice`, `plan_slice`: a ContinuePlan command, answered with PlanContinue,
-between two slices), so that the master serves heartbeats in between at 10,000 jobs.
+between two slices), so that the master serves heartbeats in between at 10,000 jobs. They work on the
+machine as a `PlanCycle`: hopsmgr.control.context.MachineCore and the plan cycle's bookkeeping.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hopsmgr.control import acting, usage
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.commands import ContinuePlan, PlanRequest, UsageRecord
+from hopsmgr.control.context import MachineCore
 from hopsmgr.control.events import PlanReady, RoundTick
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.model import ClusterSnapshot, JobSpec, JobView
 from hopsmgr.core.plan import Plan
 from hopsmgr.core.program import protected
 
-if TYPE_CHECKING:
-    from hopsmgr.control.machine import SchedulerMachine
+
+class PlanCycle(MachineCore, Protocol):
+    """The machine as the plan cycle sees it: its core and the cycle's bookkeeping, which the machine
+    holds (hopsmgr.control.machine documents each)."""
+
+    inflight: int | None
+    applying: acting.PlanUnderWay | None
+    preparing: RequestUnderWay | None
+    first_due: bool
+    changed: bool
+    protected_until: float
+    profiled_on: frozenset[str]
+    plan_soon: bool
+    request_seq: int
 
 
-def on_round_tick(m: SchedulerMachine, event: RoundTick) -> None:
+def on_round_tick(m: PlanCycle, event: RoundTick) -> None:
     m.plan_soon = False
     if m.inflight is not None or m.applying is not None or m.preparing is not None:
         m.first_due = m.first_due or event.kind == "first"
@@ -54,7 +68,7 @@ class RequestUnderWay:
     prebuilt: dict[str, JobView] = field(default_factory=dict)
 
 
-def request_plan(m: SchedulerMachine, kind: str) -> None:
+def request_plan(m: PlanCycle, kind: str) -> None:
     state = m.state
     if m.profiled_on != state.gpu_types:
         m.profiled_on, state.unprofiled = state.gpu_types, dict.fromkeys(state.jobs)
@@ -67,7 +81,7 @@ def request_plan(m: SchedulerMachine, kind: str) -> None:
 CHARGES_PER_JOB_SLICE = 0.1
 
 
-def continue_request(m: SchedulerMachine) -> None:
+def continue_request(m: PlanCycle) -> None:
     """The next step of the request under way: a slice of the charges, then of the profiling pass,
     then of the waiting jobs' views, then the snapshot and the PlanRequest. Between two steps the
     driver serves other events: an attempt that ended meanwhile was charged at its end, a job gathered
@@ -110,7 +124,7 @@ def continue_request(m: SchedulerMachine) -> None:
     _emit_request(m, work)
 
 
-def _emit_request(m: SchedulerMachine, work: RequestUnderWay) -> None:
+def _emit_request(m: PlanCycle, work: RequestUnderWay) -> None:
     s = m.settings
     state = m.state
     snapshot = views.build_snapshot(
@@ -158,7 +172,7 @@ def _protection_ends(snapshot: ClusterSnapshot, min_attempt_s: float) -> float:
 
 
 def _wanting_profiles(
-    m: SchedulerMachine, job_ids: list[str], to_profile: list[JobSpec], starving: list[str]
+    m: PlanCycle, job_ids: list[str], to_profile: list[JobSpec], starving: list[str]
 ) -> None:
     """Add to `to_profile` the jobs of `job_ids` that want profiling runs (in order), and to `starving`
     those that waited a round with no profile at all. A job profiled on every GPU type leaves
@@ -190,7 +204,7 @@ def _wanting_profiles(
                 starving.append(job_id)
 
 
-def on_plan_ready(m: SchedulerMachine, event: PlanReady) -> None:
+def on_plan_ready(m: PlanCycle, event: PlanReady) -> None:
     if event.request_id != m.inflight or m.applying is not None:
         return  # an abandoned request
     m.inflight = None
@@ -204,7 +218,7 @@ def on_plan_ready(m: SchedulerMachine, event: PlanReady) -> None:
     apply_next_slice(m)
 
 
-def apply_next_slice(m: SchedulerMachine) -> None:
+def apply_next_slice(m: PlanCycle) -> None:
     """Apply the next slice of the plan under way (all of it without `plan_slice`)."""
     work = m.applying
     if work is None:
@@ -216,7 +230,7 @@ def apply_next_slice(m: SchedulerMachine) -> None:
     _applied(m, work.plan)
 
 
-def _applied(m: SchedulerMachine, plan: Plan) -> None:
+def _applied(m: PlanCycle, plan: Plan) -> None:
     if m.first_due:
         m.first_due = False
         request_plan(m, "first")

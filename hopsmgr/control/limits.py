@@ -8,16 +8,12 @@ job fails at once with a reason that names what to do (use hopsmgr.runtime, or s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from hopsmgr.control.context import MachineCore
 from hopsmgr.control.snapshot import PLACED
 from hopsmgr.core.lifecycle import JobState
 
-if TYPE_CHECKING:
-    from hopsmgr.control.machine import SchedulerMachine
 
-
-def enforce_limits(m: SchedulerMachine) -> None:
+def enforce_limits(m: MachineCore) -> None:
     """Time limits: a job that ran past its `--time` fails, and so does one whose profiling run
     wrote no profile within `scheduler.profiling_timeout_s`; their attempts are stopped."""
     for job in list(m.state.jobs.values()):

@@ -1,16 +1,17 @@
 """Node decisions of the scheduler state machine: heartbeats, health by heartbeat age, drains, what a
 node reports running (adoption, stops to resend, vanished attempts), and state restored at start.
 
-Functions of a `SchedulerMachine` (hopsmgr.control.machine), which dispatches node events to them.
+Functions of the machine (hopsmgr.control.machine dispatches node events to them), which they see as
+a `MachineCore` (hopsmgr.control.context).
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from hopsmgr.control import limits
 from hopsmgr.control.commands import CheckpointAndStop, NodeReply, Reply
+from hopsmgr.control.context import MachineCore
 from hopsmgr.control.events import (
     AttemptProgressed,
     HealthTick,
@@ -25,11 +26,8 @@ from hopsmgr.control.records import Attempt, Job, NodeHealth
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.lifecycle import JobState
 
-if TYPE_CHECKING:
-    from hopsmgr.control.machine import SchedulerMachine
 
-
-def on_beat(m: SchedulerMachine, event: NodeBeat) -> None:
+def on_beat(m: MachineCore, event: NodeBeat) -> None:
     node = m.state.nodes.get(event.node_id)
     if node is None:
         m.emit(Reply(m.stimulus, None, "node", f"node {event.node_id!r} is not in this cluster", 404))
@@ -45,13 +43,13 @@ def on_beat(m: SchedulerMachine, event: NodeBeat) -> None:
         m.fragment_soon()
 
 
-def on_command_failed(m: SchedulerMachine, event: NodeCommandFailed) -> None:
+def on_command_failed(m: MachineCore, event: NodeCommandFailed) -> None:
     node = m.state.nodes.get(event.node_id)
     if node is not None:
         node.exec_error_at = m.now
 
 
-def on_drained(m: SchedulerMachine, event: NodeDrained) -> None:
+def on_drained(m: MachineCore, event: NodeDrained) -> None:
     node = m.state.nodes.get(event.node_id)
     if node is None:
         m.emit(Reply(m.stimulus, None, "node", f"no node {event.node_id!r}", 404))
@@ -62,7 +60,7 @@ def on_drained(m: SchedulerMachine, event: NodeDrained) -> None:
         m.fragment_soon()
 
 
-def on_health(m: SchedulerMachine, event: HealthTick) -> None:
+def on_health(m: MachineCore, event: HealthTick) -> None:
     """HEALTHY -> SUSPECT -> LOST by heartbeat age; a LOST node's attempts end and their jobs requeue."""
     s = m.settings
     grace_over = m.now - m.started > s.lost_after_s
@@ -77,7 +75,7 @@ def on_health(m: SchedulerMachine, event: HealthTick) -> None:
     limits.enforce_limits(m)
 
 
-def on_node_changed(m: SchedulerMachine, event: NodeChanged) -> None:
+def on_node_changed(m: MachineCore, event: NodeChanged) -> None:
     node = m.state.nodes.get(event.node_id)
     if node is not None:
         node.server = event.server
@@ -85,7 +83,7 @@ def on_node_changed(m: SchedulerMachine, event: NodeChanged) -> None:
             node.usable_gpus = min(node.server.gpus, event.usable_gpus)
 
 
-def on_reported(m: SchedulerMachine, event: NodeReported) -> None:
+def on_reported(m: MachineCore, event: NodeReported) -> None:
     """A heartbeat's list of running attempts: adopt what this machine had not seen start, resend
     stops stored before a restart and never carried out, follow progress, and end attempts the
     node no longer runs (after three beats, or at once after a restart for unconfirmed launches)."""
@@ -127,7 +125,7 @@ def on_reported(m: SchedulerMachine, event: NodeReported) -> None:
     m.emit(NodeReply(m.stimulus, event.node_id, tuple(stop)))
 
 
-def adopt(m: SchedulerMachine, attempt: Attempt) -> None:
+def adopt(m: MachineCore, attempt: Attempt) -> None:
     """A node reports an attempt this machine stored but had not seen start (e.g. after a restart)."""
     attempt.launched = True
     attempt.started = m.now
@@ -143,7 +141,7 @@ def adopt(m: SchedulerMachine, attempt: Attempt) -> None:
         m.set_state(job, JobState.RUNNING, kind, f"{attempt.id} reported running by {attempt.primary}")
 
 
-def vanished(m: SchedulerMachine, node_id: str, reported: set[str], first: bool) -> None:
+def vanished(m: MachineCore, node_id: str, reported: set[str], first: bool) -> None:
     hb = m.settings.heartbeat_interval_s
     for attempt in m.state.attempts_on(node_id):
         if attempt.primary != node_id or attempt.id in reported:
@@ -165,7 +163,7 @@ def vanished(m: SchedulerMachine, node_id: str, reported: set[str], first: bool)
             m.end_attempt(attempt, reason="vanished", message=f"{node_id} no longer reports it")
 
 
-def on_restored(m: SchedulerMachine, event: StateRestored) -> None:
+def on_restored(m: MachineCore, event: StateRestored) -> None:
     state = m.state
     for job in event.jobs:
         assert isinstance(job, Job)

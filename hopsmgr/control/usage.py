@@ -8,19 +8,16 @@ decayed total; `current_usage` reads it at `now` without changing it (for snapsh
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
+from hopsmgr.control.context import MachineCore
+from hopsmgr.control.records import Attempt, ControlState
 from hopsmgr.core import fairshare
 from hopsmgr.core.fairshare import TenantUsage
 from hopsmgr.core.model import GpuType, Server, ServerId
 
-if TYPE_CHECKING:
-    from hopsmgr.control.machine import SchedulerMachine
-    from hopsmgr.control.records import Attempt, ControlState
-
 
 def charge_attempt(
-    m: SchedulerMachine,
+    m: MachineCore,
     attempt: Attempt,
     now: float,
     reference: GpuType | None = None,
@@ -45,13 +42,13 @@ def charge_attempt(
     attempt.charged_until = now
 
 
-def reference_type(m: SchedulerMachine) -> GpuType:
+def reference_type(m: MachineCore) -> GpuType:
     """hopsmgr.core.fairshare.reference_type of the machine's nodes, from the GPUs per type the state
     keeps (not a pass over every node)."""
     return fairshare.reference_of_totals(m.state.type_gpus, m.settings.scheduler.fairshare_reference)
 
 
-def charge_all(m: SchedulerMachine, now: float, attempt_ids: Iterable[str] | None = None) -> None:
+def charge_all(m: MachineCore, now: float, attempt_ids: Iterable[str] | None = None) -> None:
     """Charge every open attempt (or those of `attempt_ids` still open) up to `now`."""
     reference = reference_type(m)
     servers = {sid: node.server for sid, node in m.state.nodes.items()}

@@ -5,15 +5,17 @@
 controller's own bookkeeping (which attempts have a row, the highest attempt number, progress already
 written). Everything else, the column values, their JSON and each change's log line, is left to the
 operation, which runs where the writer runs it (its own thread in the master), after the record is
-in the store's transaction. Records are immutable values, so handing them over is safe.
+in the store's transaction. Records are immutable values, so handing them over is safe. The controller
+(hopsmgr.master.controller) is seen as a `RecordKeeper`: the part of it that `record_ops` uses.
 """
 
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -25,19 +27,46 @@ from hopsmgr.control.commands import (
     ThroughputSample,
     UsageRecord,
 )
+from hopsmgr.control.machine import SchedulerMachine
 from hopsmgr.core.lifecycle import TERMINAL, JobState
-from hopsmgr.master.state import attempt_seq, job_row, store_counters
+from hopsmgr.master.state import JobPayload, attempt_seq, job_row, store_counters
 from hopsmgr.master.store import Store
 from hopsmgr.master.writer import Op
-
-if TYPE_CHECKING:
-    from hopsmgr.master.controller import Controller
 
 log = structlog.get_logger("hopsmgr.master")
 USAGE_SAMPLE_S = 600.0  # fair share: the decayed use is sampled at most this often for `quota --history`
 
 
-def record_ops(ctl: Controller, records: Sequence[object], stimulus: str, ops: list[Op]) -> None:
+class RecordKeeper(Protocol):
+    """What `record_ops` uses of the controller: its machine, its bookkeeping of what is stored, and the
+    buffers it writes later."""
+
+    attempt_high: int  # the highest attempt number with a row
+    attempt_meta: int  # the highest attempt number stored in meta `attempt`
+
+    @property
+    def machine(self) -> SchedulerMachine: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def payloads(self) -> dict[str, JobPayload]: ...
+
+    @property
+    def written(self) -> dict[str, float]: ...
+
+    @property
+    def stored_attempts(self) -> set[str]: ...
+
+    @property
+    def throughput(self) -> list[ThroughputSample]: ...
+
+    @property
+    def usage_history(self) -> deque[tuple[float, dict[str, float]]]: ...
+
+
+def record_ops(ctl: RecordKeeper, records: Sequence[object], stimulus: str, ops: list[Op]) -> None:
     """Add to `ops` the store operations for the machine's `records` (see the module)."""
     for record in records:
         if isinstance(record, JobChange):
@@ -73,7 +102,7 @@ def record_ops(ctl: Controller, records: Sequence[object], stimulus: str, ops: l
         ctl.attempt_meta = ctl.attempt_high
 
 
-def _new_job(ctl: Controller, c: JobChange, stimulus: str, ops: list[Op]) -> None:
+def _new_job(ctl: RecordKeeper, c: JobChange, stimulus: str, ops: list[Op]) -> None:
     job = ctl.machine.state.jobs.get(c.job_id)
     payload = ctl.payloads[c.job_id]
     row = None
@@ -84,7 +113,7 @@ def _new_job(ctl: Controller, c: JobChange, stimulus: str, ops: list[Op]) -> Non
     ops.append(partial(_store_new_job, change=c, row=row, tenant=tenant, user=user, stimulus=stimulus))
 
 
-def _usage(ctl: Controller, record: UsageRecord, ops: list[Op]) -> None:
+def _usage(ctl: RecordKeeper, record: UsageRecord, ops: list[Op]) -> None:
     ops.append(partial(_store_meta_json, key="tenant_usage", value=[list(u) for u in record.usage]))
     at = max((a for _, _, a in record.usage), default=0.0)
     if ctl.usage_history and at - ctl.usage_history[-1][0] < USAGE_SAMPLE_S:

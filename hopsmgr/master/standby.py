@@ -3,27 +3,35 @@ and for every other route a 503 that names the leader, so agents and the CLI swi
 
 The answer is the API's error shape plus `leader` (the leader's URL, or null while none is known) and the
 header `X-Hopsmgr-Leader`; nothing is read from the request body and nothing is stored. The leader is
-read from the store (meta `leader`, written by each new leader) at most once a second.
+read from the store (meta `leader`, written by each new leader) at most once a second. The master
+process (hopsmgr.master.server) is seen as a `StandbyMaster`: its store and its advertised URL.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from hopsmgr.master.leader import LeaderInfo, read_leader
 from hopsmgr.master.openapi import openapi_document
-
-if TYPE_CHECKING:
-    from hopsmgr.master.server import MasterProcess
+from hopsmgr.master.store import Store
 
 LEADER_HEADER = "X-Hopsmgr-Leader"
 
 
+class StandbyMaster(Protocol):
+    """What a standby's answers use of the master process."""
+
+    @property
+    def store(self) -> Store | None: ...
+
+    def advertised(self) -> str: ...
+
+
 class LeaderCache:
-    def __init__(self, master: MasterProcess) -> None:
+    def __init__(self, master: StandbyMaster) -> None:
         self.master = master
         self.read_at = 0.0
         self.info: LeaderInfo | None = None
@@ -74,7 +82,7 @@ async def elsewhere(request: web.Request) -> web.Response:
     return web.json_response(body, status=503, headers={**headers, "Retry-After": "1"})
 
 
-def make_standby_app(master: MasterProcess) -> web.Application:
+def make_standby_app(master: StandbyMaster) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[CACHE] = LeaderCache(master)
     app.router.add_get("/healthz", healthz)

@@ -5,12 +5,14 @@ record against the world's true speeds, and what became of each promise a backfi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.control import snapshot as views
 from hopsmgr.control.machine import SchedulerMachine
 from hopsmgr.control.records import Job
+from hopsmgr.core import metrics
 from hopsmgr.core.lifecycle import JobState
 from hopsmgr.core.metrics import JobRecord, RoundRecord
 from hopsmgr.core.model import JobId, Server
@@ -178,3 +180,23 @@ def backfill_records(
         late = left > promise.until_s + 1.0 and waiting
         out.append(BackfillRecord(job_id, promise.reserved_for, promise.until_s, launched, left, late))
     return out
+
+
+def error_over_time(result: SimResult, bins: int = 48) -> list[dict[str, float | None]]:
+    """The estimator's MAPE per time bin (hours since the first arrival; at least 1 h per bin, about
+    `bins` bins): `seen` over configurations the job had run on, `unseen` over the others."""
+    samples = result.estimator
+    if not samples:
+        return []
+    start = result.timeline[0][0] if result.timeline else min(x.time_s for x in samples)
+    span_h = max(x.time_s for x in samples) / 3600.0 - start / 3600.0
+    width = max(1.0, math.ceil(span_h / bins))
+    grouped: dict[int, tuple[list[float], list[float]]] = {}
+    for x in samples:
+        k = int((x.time_s - start) / 3600.0 // width)
+        seen, unseen = grouped.setdefault(k, ([], []))
+        (seen if x.seen else unseen).append(x.ape)
+    return [
+        {"hour": k * width, "seen": metrics.mean(seen), "unseen": metrics.mean(unseen)}
+        for k, (seen, unseen) in sorted(grouped.items())
+    ]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from hopsmgr.core import metrics
-from hopsmgr.sim.outcome import SimResult
+from hopsmgr.sim.outcome import SimResult, error_over_time
 
 
 def draw_all(out: Path, results: Mapping[str, SimResult]) -> list[Path]:
@@ -69,8 +69,6 @@ def draw_all(out: Path, results: Mapping[str, SimResult]) -> list[Path]:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     written.append(path)
-
-    from hopsmgr.sim.runner import error_over_time
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for n, (policy, r) in enumerate(results.items()):

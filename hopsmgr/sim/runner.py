@@ -29,7 +29,7 @@ from hopsmgr.policies.registry import POLICY_NAMES, make_policy
 from hopsmgr.sim.engine import Simulation
 from hopsmgr.sim.gavelworld import gavel_world
 from hopsmgr.sim.oracle import OracleEstimator
-from hopsmgr.sim.outcome import SimResult
+from hopsmgr.sim.outcome import SimResult, error_over_time
 from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.simstate import SimOptions, job_key
 from hopsmgr.sim.traces import read_trace, workload_from_spec
@@ -244,26 +244,6 @@ def summarise(result: SimResult, wall_s: float) -> dict[str, Any]:
         "wall_s": wall_s,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
-
-
-def error_over_time(result: SimResult, bins: int = 48) -> list[dict[str, float | None]]:
-    """The estimator's MAPE per time bin (hours since the first arrival; at least 1 h per bin, about
-    `bins` bins): `seen` over configurations the job had run on, `unseen` over the others."""
-    samples = result.estimator
-    if not samples:
-        return []
-    start = result.timeline[0][0] if result.timeline else min(x.time_s for x in samples)
-    span_h = max(x.time_s for x in samples) / 3600.0 - start / 3600.0
-    width = max(1.0, math.ceil(span_h / bins))
-    grouped: dict[int, tuple[list[float], list[float]]] = {}
-    for x in samples:
-        k = int((x.time_s - start) / 3600.0 // width)
-        seen, unseen = grouped.setdefault(k, ([], []))
-        (seen if x.seen else unseen).append(x.ape)
-    return [
-        {"hour": k * width, "seen": metrics.mean(seen), "unseen": metrics.mean(unseen)}
-        for k, (seen, unseen) in sorted(grouped.items())
-    ]
 
 
 COLUMNS = (

@@ -493,8 +493,7 @@ def test_unseen_server_draws_uniformly_outside_the_excluded_set() -> None:
 
 
 def test_error_over_time_bins_seen_and_unseen_samples() -> None:
-    from hopsmgr.sim.outcome import EstimatorSample
-    from hopsmgr.sim.runner import error_over_time
+    from hopsmgr.sim.outcome import EstimatorSample, error_over_time
 
     samples = [
         EstimatorSample(1000.0 + 600, 0.10, True),

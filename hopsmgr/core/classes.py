@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
+from hopsmgr.core.assignment import Option
 from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
 from hopsmgr.core.program import (
@@ -95,7 +96,7 @@ def solve_by_classes(
         # The refinement will offer every server anyway: the class LP's answer would restrict nothing
         # (it was one CBC start and a class program's estimates for nothing, in most class-model
         # rounds of the 512-GPU simulation). The bound reported is then the refinement's LP bound.
-        options: list[ilp.Option] = []
+        options: list[Option] = []
         meta: list[_ClassOption] = []
         capacity: list[float] = []
     else:
@@ -258,7 +259,7 @@ def _class_program(
     window: set[JobId],
     classes: Sequence[ServerClass],
     running: Mapping[JobId, Config],
-) -> tuple[list[ilp.Option], list[_ClassOption]]:
+) -> tuple[list[Option], list[_ClassOption]]:
     """Options per (job, class, GPU count) valued at the class's median server; rows per class: GPUs and
     large-part slots. Running jobs also get their current configuration as a pinned option."""
     class_of = {s.id: c for c, cls in enumerate(classes) for s in cls.servers}
@@ -269,13 +270,13 @@ def _class_program(
     for cls in classes:
         groups.setdefault(cls.key[:2], []).extend(cls.servers)
     group_rep = {key: sorted(members, key=_speed_key)[len(members) // 2] for key, members in groups.items()}
-    options: list[ilp.Option] = []
+    options: list[Option] = []
     meta: list[_ClassOption] = []
 
     def add(opt: _ClassOption, terms: ValueTerms, rate: float | None, uses: list[tuple[int, float]]) -> None:
         if rate is None or rate <= 0:
             return
-        options.append(ilp.Option(opt.job, value_at(terms, rate), tuple(uses)))
+        options.append(Option(opt.job, value_at(terms, rate), tuple(uses)))
         meta.append(opt)
 
     estimator, servers = state.estimator, state.servers

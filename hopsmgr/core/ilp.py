@@ -18,7 +18,8 @@ past the deadline (`SolveOptions.deadline`, and `time_limit_s` from the call): h
 as MPS straight from the options and CBC is stopped from outside at the deadline (hopsmgr.cbc); the
 best incumbent so far is kept. An answer is "proven" only when CBC says optimal or the rounding meets
 the gap; when no solver answer is usable the plan falls back to greedy priority order and says so. The
-caller injects `timer` (a monotonic clock): the core reads no clock of its own.
+caller injects `timer` (a monotonic clock): the core reads no clock of its own. The `Option` type, the
+uncontended test and the exact search of small programs live in hopsmgr.core.assignment.
 """
 
 from __future__ import annotations
@@ -30,24 +31,7 @@ from dataclasses import dataclass, field, replace
 from pulp.apis.coin_api import pulp_cbc_path
 
 from hopsmgr import cbc
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    item: int
-    value: float
-    uses: tuple[tuple[int, float], ...]
-
-    def __post_init__(self) -> None:
-        # One entry per resource: repeated entries are added up (every check below relies on it).
-        uses = self.uses
-        if len(uses) < 2 or (len(uses) == 2 and uses[0][0] != uses[1][0]):
-            return  # (the common cases, decided without building a set)
-        if len({r for r, _ in uses}) != len(uses):
-            merged: dict[int, float] = {}
-            for r, amount in uses:
-                merged[r] = merged.get(r, 0.0) + amount
-            object.__setattr__(self, "uses", tuple(merged.items()))
+from hopsmgr.core.assignment import Option, best_per_item, enumerate_best, fits, take
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +111,8 @@ def greedy(
     free = list(capacity)
     choice: dict[int, int] = {}
     for item, o in (start or {}).items():
-        if _fits(options[o], free):
-            _take(options[o], free)
+        if fits(options[o], free):
+            take(options[o], free)
             choice[item] = o
     for item in order:
         if item in choice:
@@ -136,8 +120,8 @@ def greedy(
         candidates = list((preferred or {}).get(item, ()))
         candidates += sorted(by_item.get(item, ()), key=lambda o: -options[o].value)
         for o in candidates:
-            if options[o].value > 0 and _fits(options[o], free):
-                _take(options[o], free)
+            if options[o].value > 0 and fits(options[o], free):
+                take(options[o], free)
                 choice[item] = o
                 break
     return choice
@@ -154,7 +138,7 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
         return Solution({}, 0.0, 0.0, True, "empty", None, 0, 0, 0.0, 0.0)
 
     room = list(capacity)
-    usable = [i for i, o in enumerate(options) if o.value > 0 and _fits(o, room)]
+    usable = [i for i, o in enumerate(options) if o.value > 0 and fits(o, room)]
 
     def optimal(choice: dict[int, int], method: str) -> Solution:
         value = objective_of(options, choice)
@@ -172,7 +156,7 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
             support={item: (o,) for item, o in choice.items()},
         )
 
-    uncontended = _best_per_item(options, capacity, usable)
+    uncontended = best_per_item(options, capacity, usable)
     if uncontended is not None:
         # Every item's most valuable option fits alongside the others: no plan can do better.
         return optimal(uncontended, "uncontended")
@@ -266,97 +250,11 @@ def solve(options: Sequence[Option], capacity: Sequence[float], opts: SolveOptio
     )
 
 
-class _TooManyNodes(Exception):
-    pass
-
-
-def enumerate_best(
-    options: Sequence[Option], capacity: Sequence[float], usable: Sequence[int], node_limit: int
-) -> dict[int, int] | None:
-    """[ours] The optimal choice of a small program by depth-first branch and bound, or None when the
-    search would visit more than `node_limit` nodes.
-
-    Items are taken by their best option's value, options by value; a branch is cut when its value
-    plus every remaining item's best cannot beat the incumbent. A small round (a lab's cluster, most
-    fragment plans) is then solved exactly without starting CBC, which costs ~10-30 ms a start.
-    """
-    by_item: dict[int, list[int]] = {}
-    for o in usable:
-        by_item.setdefault(options[o].item, []).append(o)
-    for opts in by_item.values():
-        opts.sort(key=lambda o: -options[o].value)
-    items = sorted(by_item, key=lambda i: (-options[by_item[i][0]].value, i))
-    suffix = [0.0] * (len(items) + 1)
-    for k in range(len(items) - 1, -1, -1):
-        suffix[k] = suffix[k + 1] + options[by_item[items[k]][0]].value
-    free = list(capacity)
-    chosen: dict[int, int] = {}
-    best_value = -1.0
-    best: dict[int, int] = {}
-    nodes = 0
-
-    def search(k: int, value: float) -> None:
-        nonlocal best_value, best, nodes
-        nodes += 1
-        if nodes > node_limit:
-            raise _TooManyNodes
-        if value > best_value + 1e-12:
-            best_value, best = value, dict(chosen)
-        if k == len(items) or value + suffix[k] <= best_value + 1e-12:
-            return
-        item = items[k]
-        for o in by_item[item]:
-            option = options[o]
-            if value + option.value + suffix[k + 1] <= best_value + 1e-12:
-                break  # options are sorted: no later one can do better
-            if _fits(option, free):
-                _take(option, free)
-                chosen[item] = o
-                search(k + 1, value + option.value)
-                del chosen[item]
-                for r, amount in option.uses:
-                    free[r] += amount
-        search(k + 1, value)
-
-    try:
-        search(0, 0.0)
-    except _TooManyNodes:
-        return None
-    return best
-
-
-def _best_per_item(
-    options: Sequence[Option], capacity: Sequence[float], usable: Sequence[int]
-) -> dict[int, int] | None:
-    """Each item's most valuable usable option, if all of them fit together (else None)."""
-    best: dict[int, int] = {}
-    for o in usable:
-        item = options[o].item
-        if item not in best or options[o].value > options[best[item]].value:
-            best[item] = o
-    used = [0.0] * len(capacity)
-    for o in best.values():
-        for r, amount in options[o].uses:
-            used[r] += amount
-    if any(used[r] > capacity[r] + 1e-9 for r in range(len(capacity))):
-        return None
-    return best
-
-
 def _options_by_item(options: Sequence[Option]) -> dict[int, list[int]]:
     by_item: dict[int, list[int]] = {}
     for idx, o in enumerate(options):
         by_item.setdefault(o.item, []).append(idx)
     return by_item
-
-
-def _fits(option: Option, free: list[float]) -> bool:
-    return all(free[r] >= amount - 1e-9 for r, amount in option.uses)
-
-
-def _take(option: Option, free: list[float]) -> None:
-    for r, amount in option.uses:
-        free[r] -= amount
 
 
 def _valid_start(options: Sequence[Option], start: dict[int, int]) -> dict[int, int]:
@@ -418,13 +316,13 @@ def _neighbourhood(
         return None
     free = list(capacity)
     for o in fixed.values():
-        _take(options[o], free)
+        take(options[o], free)
     floor = objective_of(options, incumbent)
     pool = [
         o
         for o in usable
         if options[o].item not in fixed
-        and _fits(options[o], free)
+        and fits(options[o], free)
         and (lp_values[o] > 1e-6 or bound + reduced_cost[o] >= floor - 1e-9)
     ]
     # The repair every CBC answer must beat: the fixed choices, the rest greedily in priority order.

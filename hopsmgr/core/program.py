@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from hopsmgr.core import configs as config_gen
 from hopsmgr.core import ilp
+from hopsmgr.core.assignment import Option
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
@@ -133,7 +134,7 @@ def build_exact_program(
     running: Mapping[JobId, Config],
     allowed: Mapping[JobId, Mapping[GpuType, Sequence[Server]]] | None = None,
     counts: Mapping[JobId, Collection[int]] | None = None,
-) -> tuple[list[ilp.Option], list[Config], list[float]]:
+) -> tuple[list[Option], list[Config], list[float]]:
     """The location-specific program: one option per (job, configuration), per-server GPU capacity.
 
     Window jobs get every generated configuration (over `allowed[job]` servers when given, of
@@ -145,7 +146,7 @@ def build_exact_program(
     resource = {sid: r for r, sid in enumerate(server_ids)}
     capacity: list[float] = [float(free[sid]) for sid in server_ids]
     tenant_resource = tenant_resources(state, jobs, capacity)
-    options: list[ilp.Option] = []
+    options: list[Option] = []
     option_configs: list[Config] = []
     free_here = {sid: free[sid] for sid in server_ids}
     largest_type = max((sum(s.gpus for s in group) for group in state.by_type.values()), default=0)
@@ -200,7 +201,7 @@ def build_exact_program(
             value = value_at(move_terms if moved else keep_terms, cand.rate)
             if behind and cand.config != current:
                 value *= 1.0 - 1e-6  # a move that gains nothing (no restart penalty) loses to keeping
-            options.append(ilp.Option(i, value, tuple(uses)))
+            options.append(Option(i, value, tuple(uses)))
             option_configs.append(cand.config)
     return options, option_configs, capacity
 
@@ -219,7 +220,7 @@ def tenant_resources(state: RoundState, jobs: Sequence[JobView], capacity: list[
 
 def explain_candidates(
     jobs: Sequence[JobView],
-    options: Sequence[ilp.Option],
+    options: Sequence[Option],
     option_configs: Sequence[Config],
     state: RoundState,
 ) -> dict[JobId, tuple[CandidateView, ...]]:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hopsmgr.core import ilp
+from hopsmgr.core.assignment import Option
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobView, Server, ServerId
 from hopsmgr.core.planner import Plan, PlanKind, SolverStats
@@ -188,7 +189,7 @@ class SiaPolicy:
             candidates = ordered
 
         type_row = {t: r for r, t in enumerate(sorted(gpus))}
-        options: list[ilp.Option] = []
+        options: list[Option] = []
         option_cfg: list[SiaConfig] = []
         warm: dict[int, int] = {}
         for item, view in enumerate(candidates):
@@ -199,7 +200,7 @@ class SiaPolicy:
                 value = option_value(cfg.gain, self.p, self.lambda_n)
                 if (cfg.gpu_type, cfg.gpus) == shape:
                     warm[item] = len(options)
-                options.append(ilp.Option(item, value, ((type_row[cfg.gpu_type], float(cfg.gpus)),)))
+                options.append(Option(item, value, ((type_row[cfg.gpu_type], float(cfg.gpus)),)))
                 option_cfg.append(cfg)
         t_build = timer()
         solution = ilp.solve(

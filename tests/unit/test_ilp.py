@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hopsmgr.core import ilp
-from hopsmgr.core.ilp import Option, SolveOptions, greedy, is_feasible, objective_of, solve
+from hopsmgr.core.assignment import Option, enumerate_best
+from hopsmgr.core.ilp import SolveOptions, greedy, is_feasible, objective_of, solve
 
 # These tests are about the LP/CBC path: the in-process branch and bound for small programs is off.
 CbcOptions = functools.partial(SolveOptions, enumerate_below=0)
@@ -402,7 +403,7 @@ def test_the_branch_and_bound_finds_the_optimum(instance: Instance) -> None:
 def test_the_branch_and_bound_gives_way_to_cbc_past_its_node_limit() -> None:
     # The knapsack again: two nodes are not enough for the search, so the LP and the MIP solve it.
     options = [Option(0, 3.0, ((0, 3.0),)), Option(1, 1.9, ((0, 2.0),)), Option(2, 1.9, ((0, 2.0),))]
-    assert ilp.enumerate_best(options, [4.0], range(3), node_limit=2) is None
+    assert enumerate_best(options, [4.0], range(3), node_limit=2) is None
     sol = ilp.solve(options, [4.0], SolveOptions(gap=0.0, enumerate_nodes=2))
     assert sol.method == "mip"
     assert sol.choice == {1: 1, 2: 2}

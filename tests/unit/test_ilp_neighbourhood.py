@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from hopsmgr import cbc
 from hopsmgr.core import ilp
-from hopsmgr.core.ilp import Option, SolveOptions, is_feasible, objective_of
+from hopsmgr.core.assignment import Option
+from hopsmgr.core.ilp import SolveOptions, is_feasible, objective_of
 from tests.unit.test_ilp import Instance, brute_force, instances
 
 # These tests are about the LP/CBC path: the in-process branch and bound for small programs is off.

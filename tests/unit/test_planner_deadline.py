@@ -16,7 +16,8 @@ import pytest
 from hopsmgr import cbc
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import ilp
-from hopsmgr.core.ilp import Option, SolveOptions
+from hopsmgr.core.assignment import Option
+from hopsmgr.core.ilp import SolveOptions
 from hopsmgr.core.planner import plan_fragments, plan_round
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings

@@ -36,7 +36,8 @@ from hopsmgr.master.leader import LeaderInfo, Lease, write_leader
 from hopsmgr.master.rounds import RoundLoop
 from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.master.standby import make_standby_app
-from hopsmgr.master.store import Store, StoreError, open_store
+from hopsmgr.master.store import Store, StoreError
+from hopsmgr.master.stores import open_store
 from hopsmgr.master.tokens import new_token
 
 log = structlog.get_logger("hopsmgr.master")

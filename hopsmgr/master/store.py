@@ -15,7 +15,7 @@ with `?` and `:name` parameters; a backend overrides only the connection, transa
 hooks (`_begin`, `_commit`, `_rollback`, `_exec`, `_migrate`...), so a method added here works on both.
 The commit rules on top of those hooks (`transaction`, `grouped`, `savepoint`) live in
 hopsmgr.master.transactions.
-`open_store(location)` picks the backend: a path (SQLite) or a postgresql:// URL.
+`open_store(location)` (hopsmgr.master.stores) picks the backend: a path (SQLite) or a postgresql:// URL.
 """
 
 from __future__ import annotations
@@ -74,19 +74,6 @@ def json_in_pieces(state: Mapping[str, Any]) -> str:
             text = json.dumps(value, sort_keys=True)
         parts.append(f"{json.dumps(key)}: {text}")
     return "{" + ", ".join(parts) + "}"
-
-
-def is_postgres_url(location: str) -> bool:
-    return location.startswith(("postgresql://", "postgres://"))
-
-
-def open_store(location: str | os.PathLike[str]) -> Store:
-    """The store at `location`: a postgresql:// URL (PostgreSQL, hopsmgr.master.pgstore) or a file path."""
-    if isinstance(location, str) and is_postgres_url(location):
-        from hopsmgr.master.pgstore import PgStore
-
-        return PgStore(location)
-    return Store(location)
 
 
 class Store(TransactionalStore):

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from hopsmgr.master.store import Store, open_store
+from hopsmgr.master.store import Store
+from hopsmgr.master.stores import open_store
 from tests.helpers.postgres import PostgresServer, missing_reason
 
 

@@ -8,7 +8,7 @@ import threading
 import time
 
 from hopsmgr.master.leader import LeaderInfo, Lease, read_leader, write_leader
-from hopsmgr.master.store import open_store
+from hopsmgr.master.stores import open_store
 from tests.faults.helpers import TcpProxy
 from tests.helpers.postgres import PostgresServer
 

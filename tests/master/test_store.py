@@ -15,7 +15,8 @@ import pytest
 from hopsmgr.master.migrations import MIGRATIONS, SCHEMA_VERSION
 from hopsmgr.master.pgstore import DeposedError, PgStore, pg_ddl, pg_sql
 from hopsmgr.master.settings import MasterSettings
-from hopsmgr.master.store import Store, StoreError, hash_token, open_store
+from hopsmgr.master.store import Store, StoreError, hash_token
+from hopsmgr.master.stores import open_store
 from tests.helpers.postgres import PgBouncer, PostgresServer
 from tests.master.conftest import Backend
 

@@ -24,7 +24,7 @@ from hopsmgr.forecast.whatif import (
     with_new_job,
     with_requirements,
 )
-from tests.forecast.test_forecast import EXACT, NO_PREEMPTION, started
+from tests.forecast._forecast_helpers import EXACT, NO_PREEMPTION, started
 
 
 def live_state() -> LiveState:

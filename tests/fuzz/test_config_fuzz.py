@@ -1,30 +1,27 @@
-"""Property-based fuzzing of the TOML configurations: the cluster file and the agent file.
+"""Property-based fuzzing of the cluster's TOML configuration file.
 
 Extends tests/unit/test_config.py (junk Python dicts into four sections) with: whole TOML documents
-written by a small TOML writer from dicts with the real keys of every section ([master] and
-[scheduler] keys come from their dataclasses), random text mutations of the shipped configs
-(configs/lab.toml and friends: lines deleted, duplicated, swapped, values of another type, junk lines,
-truncation, bytes that are not UTF-8), and the agent's config. The property: the loader either returns
-a config or raises ConfigError whose message starts with the file and names a key that the document
-holds (or a required one it lacks); TOML and UTF-8 errors name the file (and the TOML line). Never
-another exception type.
+written by a small TOML writer (tests/fuzz/_config_fuzz_helpers.py) from dicts with the real keys of every
+section ([master] and [scheduler] keys come from their dataclasses), and random text mutations of the
+shipped configs (configs/lab.toml and friends: lines deleted, duplicated, swapped, values of another type,
+junk lines, truncation, bytes that are not UTF-8). The property: the loader either returns a config or
+raises ConfigError whose message starts with the file and names a key that the document holds (or a
+required one it lacks); TOML and UTF-8 errors name the file (and the TOML line). Never another exception
+type. The agent's config: tests/fuzz/test_config_fuzz_agent.py.
 """
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import math
 import re
 import sys
-import tempfile
-from collections.abc import Iterator, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, currently_in_test_context, event, given, note, settings
+from hypothesis import given, note
 from hypothesis import strategies as st
 
 if sys.version_info >= (3, 11):
@@ -32,11 +29,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from hopsmgr_agent.config import AgentConfig, load_agent_config, parse_agent_config
-
 from hopsmgr.config import ClusterConfig, ConfigError, load_cluster_config, parse_cluster_config
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master.settings import MasterSettings
+from tests.fuzz._config_fuzz_helpers import FUZZ, KEY, TEXT, VALUES, key_in, tally, toml_document, toml_value
 
 REPO = Path(__file__).resolve().parents[2]
 SEEDS = [
@@ -44,70 +40,6 @@ SEEDS = [
     REPO / "configs" / "demo.toml",
     REPO / "hopsmgr" / "data" / "demo-cluster.toml",
 ]
-FUZZ = settings(
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-)
-
-# -- a small TOML writer ------------------------------------------------------------------------------------
-
-_BARE = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def toml_key(key: str) -> str:
-    return key if _BARE.fullmatch(key) else toml_string(key)
-
-
-def toml_string(text: str) -> str:
-    out = []
-    for ch in text:
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return toml_string(value)
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no TOML for {value!r}")
-
-
-def toml_document(doc: Mapping[str, Any]) -> str:
-    """Top-level scalars first, then [tables] and [[arrays of tables]]; anything nested is inline."""
-    lines: list[str] = []
-    tables: list[str] = []
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            tables.append(f"[{toml_key(key)}]")
-            tables += [f"{toml_key(k)} = {toml_value(v)}" for k, v in value.items()]
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            for item in value:
-                tables.append(f"[[{toml_key(key)}]]")
-                tables += [f"{toml_key(k)} = {toml_value(v)}" for k, v in item.items()]
-        else:
-            lines.append(f"{toml_key(key)} = {toml_value(value)}")
-    return "\n".join([*lines, *tables]) + "\n"
 
 
 def same(a: Any, b: Any) -> bool:
@@ -122,26 +54,6 @@ def same(a: Any, b: Any) -> bool:
 
 
 # -- what an error must say ----------------------------------------------------------------------------------
-
-
-def key_in(node: Any, key: str) -> bool:
-    """Whether a dotted key ("servers[2].calibration.net_gbps") leads through the document `node`; the
-    last name may be absent (a required key that is missing). Names may hold '.' or '[' themselves."""
-    if isinstance(node, dict):
-        for key_name, value in node.items():
-            name = key_name or '""'  # an empty key is shown as ""
-            if key == name:
-                return True
-            if key.startswith(name + ".") and key_in(value, key[len(name) + 1 :]):
-                return True
-            if key.startswith(name + "[") and key_in(value, key[len(name) :]):
-                return True
-        return bool(re.fullmatch(r"[A-Za-z_]+", key))  # a required key that is missing
-    match = re.match(r"\[(\d+)\]", key)
-    if isinstance(node, list) and match and int(match.group(1)) < len(node):
-        item, rest = node[int(match.group(1))], key[match.end() :]
-        return rest == "" or key_in(item, rest[1:] if rest.startswith(".") else rest)
-    return False
 
 
 def check_cluster_error(err: ConfigError, source: str, doc: Any | None) -> None:
@@ -165,40 +77,8 @@ def check_cluster_config(config: ClusterConfig) -> None:
     assert sum(t.guaranteed_gpus for t in config.tenants) <= config.total_gpus
 
 
-def tally(what: str) -> None:
-    """Count an outcome in hypothesis' statistics (pytest --hypothesis-show-statistics)."""
-    if currently_in_test_context():
-        event(what)
-
-
-@pytest.fixture(scope="module")
-def tmp() -> Iterator[Path]:
-    with tempfile.TemporaryDirectory(prefix="configfuzz") as d:
-        yield Path(d)
-
-
 # -- strategies ----------------------------------------------------------------------------------------------
 
-TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
-KEY = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)  # "" too: a valid TOML key
-SCALARS = st.one_of(
-    st.booleans(),
-    st.integers(),
-    st.integers(-3, 70),
-    st.sampled_from([0, -1, 2**63 - 1, -(2**63), 10**30, 65536]),
-    st.floats(),
-    st.sampled_from([0.0, -0.0, 1e-300, 1e308, 0.5]),
-    TEXT,
-    st.sampled_from(["", "v100", "a b", "gpu01", "127.0.0.1:0", "0.0.0.0:1", "ssh", "local", "fifo", "auto"]),
-    st.datetimes(),
-    st.dates(),
-    st.times(),
-)
-VALUES = st.recursive(
-    SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEY, inner, max_size=3),
-    max_leaves=8,
-)
 SCHEDULER_KEYS = tuple("lambda" if f.name == "lambda_" else f.name for f in fields(SchedulerSettings))
 MASTER_KEYS = tuple(f.name for f in fields(MasterSettings))
 SERVER_KEYS = (
@@ -379,138 +259,7 @@ def test_seed_configs_load() -> None:
         check_cluster_config(load_cluster_config(path))
 
 
-# -- agent config --------------------------------------------------------------------------------------------
-
-AGENT_KEYS = (
-    "node", "master", "cluster_token_file", "cluster_token", "workdir", "devices", "gpu_type", "calibrate",
-    "calibration_budget_s", "probe_port", "peers", "emulated", "cpu", "tls_ca",
-)  # fmt: skip
-# paths the agent may be given: missing, a directory, with a NUL byte (see also the regression tests)
-TOKEN_FILE_VALUES = st.sampled_from(["", "token", "missing/file", "/", ".", "/nonexistent/x", "a\x00b"])
-
-
-@st.composite
-def agent_document(draw: st.DrawFn, token_file: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = {
-        "node": draw(st.sampled_from(["gpu01", "n-1", "a.b"])),
-        "master": draw(st.sampled_from(["http://127.0.0.1:8470", "https://head01:8470"])),
-        "workdir": "/var/lib/hopsmgr/node",
-        "devices": draw(st.sampled_from(["emulated", "cpu", "nvml"])),
-    }
-    if draw(st.booleans()):
-        doc["cluster_token_file"] = str(token_file)
-    else:
-        doc["cluster_token"] = "x" * 43
-    if doc["devices"] == "emulated":
-        doc["emulated"] = {"gpu_type": "v100", "count": draw(st.integers(1, 8)), "speed": 1.0}
-    elif doc["devices"] == "cpu" and draw(st.booleans()):
-        doc["cpu"] = {"gpu_type": "cpu", "count": 2}
-    optional = {
-        "calibrate": st.sampled_from(["start", "never"]),
-        "calibration_budget_s": st.integers(1, 3600),
-        "probe_port": st.integers(0, 65535),
-        "peers": st.lists(st.sampled_from(["gpu02:8471", "[::1]:1", "h:65535"]), max_size=3),
-        "tls_ca": st.just("/etc/hopsmgr/tls/ca.pem"),
-    }
-    for key in draw(st.lists(st.sampled_from(sorted(optional)), unique=True)):
-        doc[key] = draw(optional[key])
-    for _ in range(draw(st.integers(0, 3))):
-        key = draw(st.sampled_from(AGENT_KEYS) | KEY)
-        how = draw(st.sampled_from(["set", "set", "delete", "table"]))
-        if how == "delete":
-            doc.pop(key, None)
-        elif key == "cluster_token_file":  # a path, a file that is not UTF-8, or not a string at all
-            bad = token_file.parent / "not-utf8.token"
-            doc[key] = draw(TOKEN_FILE_VALUES | st.just(str(bad)) | VALUES)
-        elif how == "table" and key in ("emulated", "cpu"):
-            doc[key] = draw(
-                st.dictionaries(st.sampled_from(["gpu_type", "count", "speed"]) | KEY, VALUES, max_size=3)
-            )
-        else:
-            doc[key] = draw(VALUES)
-    return doc
-
-
-@FUZZ
-@given(data=st.data())
-def test_agent_configs_load_or_raise_config_error_naming_file_and_key(tmp: Path, data: st.DataObject) -> None:
-    token_file = tmp / "cluster.token"
-    token_file.write_text("t" * 43 + "\n")
-    (tmp / "not-utf8.token").write_bytes(b"\xff\xfe" * 20)
-    doc = data.draw(agent_document(token_file))
-    text = toml_document(doc)
-    note(text)
-    path = tmp / "agent.toml"
-    path.write_text(text, encoding="utf-8")
-    for how in ("parse", "load"):
-        try:
-            config = (
-                parse_agent_config(copy.deepcopy(doc), str(path))
-                if how == "parse"
-                else load_agent_config(str(path))
-            )
-        except ConfigError as err:
-            message = str(err)
-            assert message.startswith(f"{path}: {err.key}: "), message
-            assert err.key and key_in(doc, err.key), f"{err.key!r} is not in the document: {message}"
-            root = re.split(r"[.[]", err.key)[0]
-            tally(f"ConfigError at {root if root in AGENT_KEYS else 'an unknown key'}")
-        else:
-            assert isinstance(config, AgentConfig)
-            tally("loaded")
-            assert config.node == doc["node"] and config.master.startswith(("http://", "https://"))
-            assert config.devices in ("nvml", "cpu", "emulated") and config.workdir.startswith("/")
-
-
-# -- regression tests: what the property tests above found (fixed in fb2c0ab) -----------------------------
-# The agent's cluster_token_file raised ValueError (NUL in the path), UnicodeDecodeError (a file that is not
-# UTF-8) or TypeError (not a string) instead of ConfigError; cluster_token = 5, tls_ca = [1], a hostless
-# master URL and a NUL in workdir were accepted; an empty TOML key was refused without being named.
-
-
-@pytest.mark.parametrize("case", ["nul-in-path", "not-utf8-file", "not-a-string"])
-def test_agent_token_file_problems_are_config_errors(tmp: Path, case: str) -> None:
-    bad = tmp / "bad.token"
-    bad.write_bytes(b"\xff\xfe" * 20)
-    value: Any = {"nul-in-path": str(tmp / "a\x00b"), "not-utf8-file": str(bad), "not-a-string": 5}[case]
-    doc = {"node": "n1", "master": "http://127.0.0.1:1", "workdir": "/w", "cluster_token_file": value}
-    doc["emulated"] = {"gpu_type": "v100", "count": 1}
-    with pytest.raises(ConfigError) as info:
-        parse_agent_config(doc, "agent.toml")
-    assert info.value.key == "cluster_token_file"
-
-
-@pytest.mark.parametrize(
-    ("key", "value"),
-    [("cluster_token", 5), ("tls_ca", [1]), ("master", "https://"), ("workdir", "/var/a\x00b")],
-)
-def test_agent_config_refuses_values_of_the_wrong_type(key: str, value: Any) -> None:
-    doc: dict[str, Any] = {
-        "node": "n1",
-        "master": "http://127.0.0.1:1",
-        "workdir": "/w",
-        "cluster_token": "t" * 43,
-    }
-    doc["emulated"] = {"gpu_type": "v100", "count": 1}
-    doc[key] = value
-    with pytest.raises(ConfigError) as info:
-        parse_agent_config(doc, "agent.toml")
-    assert info.value.key == key
-
-
-@pytest.mark.parametrize("which", ["cluster", "cluster-section", "agent"])
-def test_an_empty_key_is_named_in_the_error(tmp: Path, which: str) -> None:
-    path = tmp / "empty-key.toml"
-    if which == "agent":
-        path.write_text('node = "n1"\nmaster = "http://h:1"\nworkdir = "/w"\ncluster_token = "t"\n"" = 1\n')
-        with pytest.raises(ConfigError) as info:
-            load_agent_config(str(path))
-    else:
-        extra = '"" = 1\n[[servers]]\n' if which == "cluster" else '[[servers]]\n"" = 1\n'
-        path.write_text(extra + 'id = "a"\ngpu_type = "v100"\ngpus = 1\n')
-        with pytest.raises(ConfigError) as info:
-            load_cluster_config(path)
-    assert '""' in str(info.value) or "''" in str(info.value), str(info.value)
+# -- the test's TOML writer ---------------------------------------------------------------------------------
 
 
 def test_writer_round_trips_awkward_values() -> None:

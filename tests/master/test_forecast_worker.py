@@ -27,7 +27,7 @@ from hopsmgr.master import live_wire
 from hopsmgr.master.forecasts import Forecaster
 from hopsmgr.master.planner_process import LoggedEstimator, decode_update
 from hopsmgr.sim.engine import Simulation
-from tests.forecast.test_forecast import CLUSTER, started
+from tests.forecast._forecast_helpers import CLUSTER, started
 
 # greedy plans only (exact_s=0): forecasts compared for equality must not depend on the wall clock
 SETTINGS = ForecastSettings(

@@ -1,0 +1,213 @@
+"""Unit tests of hopsmgr.core.planner on hand-built rounds: the priorities that order the queue and decide
+preemptions.
+
+A preemption must pay for the victim's checkpoint and restart; the projected latency ratio and the
+srtf_lr guard count what a preemption would add; the critical path lifts the running job that sets the
+backlog's makespan (weighed by its tenant; never a queued job); gain_base sets the rate that a
+configuration's value is divided by. CBC is called through PuLP on tiny snapshots
+(tests/unit/_planner_helpers.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hopsmgr.core.model import JobSpec, JobView, RequirementSet, TenantQuota
+from hopsmgr.core.planner import plan_round
+from hopsmgr.core.settings import SchedulerSettings
+from tests.unit._planner_helpers import C, profiled, snapshot, spec, srv
+
+
+@pytest.mark.parametrize(
+    ("preemption_cost", "wait", "kept"), [(True, 350.0, True), (False, 350.0, False), (True, 460.0, False)]
+)
+def test_a_preemption_must_pay_for_the_victims_checkpoint_and_restart(
+    preemption_cost: bool, wait: float, kept: bool
+) -> None:
+    # One GPU; r runs (an old attempt), q waits 350 s. Horizon H = max(120, 0 + 2 x 60) = 120 s; r's
+    # preemption would cost it c = 5 + 60 s. Projected priorities: r (0 + H + c) = 185, q (350 + H) = 470
+    # (over the same age). q's launch is worth 470 x (1 - 60/120) = 235: more than r's 185, not more than
+    # r's 185 x (1 + 65/120) = 285 once the cost of the preemption counts. After 460 s q's 290 pays.
+    servers = [srv("a0", 1, 1.0)]
+    running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    queued = JobView(spec("q", 1), waited_s=wait)
+    settings_ = SchedulerSettings(
+        solver="exact", gap=0.0, round_seconds=120.0, min_attempt_s=0.0, preemption_cost=preemption_cost
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
+    assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
+
+
+@pytest.mark.parametrize(("projected", "first"), [(True, "r"), (False, "q")])
+def test_the_projected_latency_ratio_counts_what_a_preemption_would_add(projected: bool, first: str) -> None:
+    # r runs having waited 50 s; q has waited 100 s. Plain ratios: q ahead. Projected over the horizon
+    # (120 s), r also counting its checkpoint and restart (65 s): r 235, q 220: r ahead.
+    servers = [srv("a0", 1, 1.0)]
+    running = JobView(spec("r", 1), current=C(a0=1), waited_s=50.0, running_s=500.0, attempt_s=500.0)
+    queued = JobView(spec("q", 1), waited_s=100.0)
+    settings_ = SchedulerSettings(
+        solver="exact", round_seconds=120.0, min_attempt_s=0.0, projected_priority=projected
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
+    assert plan.order[0] == first
+
+
+@pytest.mark.parametrize("projected", [True, False])
+def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) -> None:
+    # q has waited 200 s less than its age: below the guard (1) on its plain ratio, past it once
+    # projected over the horizon (min_attempt_s 300 + 2 x restart 60 = 420 s); r runs and also counts
+    # what a preemption would add (its checkpoint and restart).
+    from hopsmgr.core.priority import expected_run_s, remaining_run_s
+    from hopsmgr.core.program import preemption_cost_s
+    from hopsmgr.core.queueorder import priority_context
+
+    servers = [srv("a0", 1, 1.0)]
+    probe = JobView(spec("q", 1))
+    est = profiled(probe, JobView(spec("r", 1)))
+    ctx = priority_context(snapshot(servers, [probe]), est)
+    age = expected_run_s(probe.spec, ctx)
+    queued = JobView(spec("q", 1), waited_s=(age - 200.0))
+    running = JobView(
+        spec("r", 1),
+        current=C(a0=1),
+        waited_s=(age - 200.0),
+        done_samples=5e5,
+        running_s=500.0,
+        attempt_s=500.0,
+    )
+    settings_ = SchedulerSettings(
+        solver="exact", priority="srtf_lr", projected_priority=projected, lr_guard=1.0
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), est, settings_)
+
+    def srtf(view: JobView) -> float:
+        return 1.0 / (1.0 + remaining_run_s(view, ctx) / 3600.0)
+
+    if projected:
+        ahead = 420.0
+        assert plan.priorities["q"] == pytest.approx(srtf(queued) + ((age - 200.0) + ahead) / age - 1.0)
+        ahead_r = ahead + preemption_cost_s(running.spec)
+        assert plan.priorities["r"] == pytest.approx(srtf(running) + ((age - 200.0) + ahead_r) / age - 1.0)
+    else:
+        assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})
+
+
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_srtf_lr_with_critical_path_keeps_the_job_that_sets_the_makespan(critical_path: bool) -> None:
+    # Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) waits. The remaining work drains in
+    # 6.6 h, so r alone sets the backlog's makespan. Shortest-remaining order preempts r for q; on the
+    # critical path r ranks as if one past its guard, and x, the next longest, makes room instead.
+    def job(jid: str, samples: float) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    q = JobView(job("q", 1e5), waited_s=60.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=critical_path)
+    plan = plan_round(snapshot(servers, [r, x, q]), profiled(r, x, q), settings_)
+    assert "q" in plan.assignments
+    kept = "r" if critical_path else "x"
+    assert set(plan.assignments) == {"q", kept}
+    assert plan.assignments[kept] == C(a0=1)
+    plain = plan_round(
+        snapshot(servers, [r, x, q]), profiled(r, x, q), replace(settings_, critical_path=False)
+    )
+    lift = 1.0 if critical_path else 0.0  # r ranks as if one past its guard; q, queued, is never lifted
+    assert plan.priorities == pytest.approx({**plain.priorities, "r": plain.priorities["r"] + lift})
+
+
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_the_critical_path_job_ranks_high_enough_to_grow_over_shorter_ones(critical_path: bool) -> None:
+    # r (2 or 4 GPUs, 20.8 h left) sets the makespan; x and y (1 GPU, 2.6 h) share the server with it
+    # and nothing waits. Lifted, r's value makes 4 GPUs worth more than x and y (what shortens the
+    # makespan, and what costs average JCT on a small cluster: docs/results.md).
+    def job(jid: str, samples: float, *counts: int) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of(counts), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 4)]
+    r = JobView(job("r", 8e6, 2, 4), current=C(a0=2), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6, 1), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    y = JobView(job("y", 1e6, 1), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=critical_path)
+    plan = plan_round(snapshot(servers, [r, x, y]), profiled(r, x, y), settings_)
+    if critical_path:
+        assert plan.assignments == {"r": C(a0=4)}
+    else:
+        assert plan.assignments == {"r": C(a0=2), "x": C(a0=1), "y": C(a0=1)}
+
+
+def test_the_critical_path_lift_is_weighed_by_the_tenant_like_the_guard() -> None:
+    # r (10.4 h left) sets the makespan; its tenant weighs 0.5: its whole value, lift included, halves
+    def job(jid: str, samples: float, tenant: str = "default") -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, tenant=tenant, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6, "half"), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    tenants = {"half": TenantQuota("half", weight=0.5)}
+    settings_ = SchedulerSettings(
+        solver="exact", gap=0.0, priority="srtf_lr", critical_path=True, fairshare=False
+    )
+    lifted = plan_round(snapshot(servers, [r, x], tenants=tenants), profiled(r, x), settings_)
+    plain = plan_round(
+        snapshot(servers, [r, x], tenants=tenants), profiled(r, x), replace(settings_, critical_path=False)
+    )
+    assert lifted.priorities["r"] == pytest.approx(plain.priorities["r"] + 0.5)
+    assert lifted.priorities["x"] == pytest.approx(plain.priorities["x"])
+
+
+@pytest.mark.parametrize(
+    ("priority", "gain_base", "divides_by"),
+    [
+        ("srtf_lr", "smallest", "smallest"),
+        ("srtf_lr", "expected", "expected"),
+        ("srtf_lr", "auto", "expected"),
+        ("latency_ratio", "auto", "smallest"),
+        ("latency_ratio", "expected", "expected"),
+    ],
+)
+def test_gain_base_divides_a_configuration_rate_by_the_rate_the_expected_run_time_assumes(
+    priority: str, gain_base: str, divides_by: str
+) -> None:
+    # e asks for 1 or 2 GPUs (R_avg 1.5) on one type: its smallest configuration runs at the per-GPU
+    # rate p, its expected run time assumes 1.5 p. G = rate / p ("smallest") or rate / (1.5 p).
+    from hopsmgr.core.priority import expected_run_s
+    from hopsmgr.core.queueorder import priority_context
+
+    servers = [srv("a0", 2, 1.0)]
+    e = JobView(JobSpec("e", RequirementSet.of([1, 2]), 1e6, 32, restart_s=0.0))
+    est = profiled(e)
+    settings_ = SchedulerSettings(solver="exact", priority=priority, gain_base=gain_base)  # type: ignore[arg-type]
+    plan = plan_round(snapshot(servers, [e]), est, settings_)
+    ctx = priority_context(snapshot(servers, [e]), est)
+    expected_rate = e.spec.total_samples / expected_run_s(e.spec, ctx)
+    per_gpu = est.type_rate(e.spec, "A")
+    assert per_gpu is not None and expected_rate == pytest.approx(1.5 * per_gpu)
+    base = expected_rate if divides_by == "expected" else per_gpu
+    weight = plan.explain["e"].weight
+    candidates = {cand.config: cand.value for cand in plan.explain["e"].candidates}
+    assert set(candidates) == {str(C(a0=1)), str(C(a0=2))}
+    for gpus in (1, 2):
+        rate = est.config_rate(e.spec, C(a0=gpus), {s.id: s for s in servers})
+        assert rate is not None
+        assert candidates[str(C(a0=gpus))] == pytest.approx(weight * rate / base)
+
+
+def test_a_queued_job_on_the_critical_path_is_not_lifted() -> None:
+    # L, queued, is the longest job (10.4 h) and alone sets the backlog's makespan; only running jobs
+    # are lifted, so its value is the plain one
+    def job(jid: str, samples: float) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    x = JobView(job("x", 1e5), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    long_ = JobView(job("L", 4e6), waited_s=60.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=True)
+    lifted = plan_round(snapshot(servers, [x, long_]), profiled(x, long_), settings_)
+    plain = plan_round(
+        snapshot(servers, [x, long_]), profiled(x, long_), replace(settings_, critical_path=False)
+    )
+    assert lifted.priorities == pytest.approx(plain.priorities)

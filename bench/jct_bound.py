@@ -28,9 +28,10 @@ the CBC binary PuLP ships (its LP solver, Clp) through hopsmgr.cbc.
 
     python bench/jct_bound.py --cluster configs/sim/paper-512.toml --workload poisson:jobs=500,rate=100 \
         --seed 2 [--slot-h 0.25] [--fine-h 8] [--fine-slot-h 0.05] [--window-h H] [--server-sigma S] \
-        [--json FILE]
+        [--json FILE] [--per-job FILE]
 
-The JSON's `sigma` is the `--server-sigma` the bound was computed for.
+`--per-job` writes each job's best run and JCT in the optimum found (one optimal split of the bound
+among the jobs; bench/jct_by_class.py sets it beside simulated runs). The JSON's `sigma` is the `--server-sigma` the bound was computed for.
 """
 
 from __future__ import annotations
@@ -67,6 +68,20 @@ class JobBound:
     rates: dict[tuple[int, str], float]  # (GPU count, group) -> rate on that many GPUs of that group
 
 
+@dataclass(frozen=True, slots=True)
+class JobShare:
+    """One job's part of the optimum found: its best run, its JCT there, how long it ran (slot time
+    shares) and its GPU-hours per GPU type (work past the window or the horizon not counted). The run
+    may be longer than the JCT: the relaxation's completion is the mean time of the job's work plus
+    half its best run, which is less than its last work's end when it runs slower than its best."""
+
+    job_id: str
+    best_run_h: float
+    jct_h: float
+    run_h: float
+    gpu_h: dict[str, float]
+
+
 def job_bound(table: BestRates, job: WorkloadJob) -> JobBound:
     """The job in the relaxation's units: rates as fractions of its work per hour."""
     rates = {
@@ -94,8 +109,11 @@ def solve(
     edges: Sequence[float],
     budget_s: float = 3600.0,
     window_h: float = math.inf,
+    per_job: list[JobShare] | None = None,
 ) -> dict[str, float]:
-    """Build and solve the relaxation; the bound on the average JCT (hours) and the program's size."""
+    """Build and solve the relaxation; the bound on the average JCT (hours) and the program's size.
+    `per_job`, if given, receives each job's share of the optimum found: one optimal split of the
+    bound among the jobs (another optimum may split it otherwise)."""
     columns: list[cbc.Column] = []
     rhs: list[float] = []
 
@@ -107,7 +125,9 @@ def solve(
     slack = 10.0 * horizon + max(1.0 / j.best_rate for j in jobs)  # the scale of each job's excess
     cap_rows = {(k, t): row(float(capacity[k])) for k in capacity for t in range(len(edges) - 1)}
     excess_cols: list[int] = []
+    runs: list[list[tuple[int, float, int, str]]] = []  # per job: (column, slot length, n, group)
     for job in jobs:
+        runs.append([])
         r = job.best_rate
         work_row = row(-1.0)  # -(work done) <= -1
         # mean time of the work + half the best run - (arrival + best run + excess) <= 0
@@ -125,6 +145,7 @@ def solve(
             # group's rate at n bound its rate: tests/sim/test_jct_bound.py)
             for (n, group), rate in job.rates.items():
                 work = rate * length
+                runs[-1].append((len(columns), length, n, group))
                 columns.append(
                     (
                         0.0,
@@ -146,6 +167,17 @@ def solve(
         raise RuntimeError(f"CBC gave no optimal answer ({result.status}) in {budget_s:.0f} s")
     best_runs = sum(1.0 / j.best_rate for j in jobs)
     excess = sum(result.values[c] * slack for c in excess_cols)
+    if per_job is not None:
+        for job, col, placed in zip(jobs, excess_cols, runs, strict=True):
+            best = 1.0 / job.best_rate
+            gpu_h: dict[str, float] = {}
+            run_h = 0.0
+            for c, length, n, group in placed:
+                share = result.values[c] * length
+                run_h += share
+                gpu_type = group.split("/")[0]
+                gpu_h[gpu_type] = gpu_h.get(gpu_type, 0.0) + share * n
+            per_job.append(JobShare(job.job_id, best, best + result.values[col] * slack, run_h, gpu_h))
     return {
         "bound_avg_jct_h": (best_runs + excess) / len(jobs),
         "avg_best_run_h": best_runs / len(jobs),
@@ -163,11 +195,12 @@ def bound(
     budget_s: float = 3600.0,
     sigma: float = DEFAULT_SERVER_SIGMA,
     window_h: float = math.inf,
+    per_job: list[JobShare] | None = None,
 ) -> dict[str, float]:
     world = PaperWorld(seed=seed, per_server_sigma=sigma)
     table = BestRates(world, cluster.servers)
     jobs = [job_bound(table, job) for job in workload_from_spec(workload, world, seed)]
-    figures = solve(jobs, table.capacity(), edges, budget_s, window_h)
+    figures = solve(jobs, table.capacity(), edges, budget_s, window_h, per_job)
     return {
         "jobs": len(jobs),
         "seed": seed,
@@ -202,6 +235,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--budget-s", type=float, default=3600.0, help="CBC's wall-clock budget (default 3600)")
     ap.add_argument("--json", type=Path, help="write the figures here (flat JSON)")
+    ap.add_argument(
+        "--per-job",
+        type=Path,
+        help="write each job's part of the optimum found here (CSV: job,best_run_h,jct_h,run_h,gpu_h; "
+        "gpu_h: GPU-hours per GPU type, 'type:h type:h')",
+    )
     args = ap.parse_args(argv)
     for name in ("horizon_h", "slot_h", "fine_slot_h", "budget_s"):
         value = getattr(args, name)
@@ -224,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--workload: only poisson:... workloads are bounded, got {args.workload!r}", file=sys.stderr)
         return 2
     edges = slot_grid(args.horizon_h, args.slot_h, args.fine_h, args.fine_slot_h)
+    per_job: list[JobShare] | None = [] if args.per_job else None
     try:
         figures = bound(
-            cluster, args.workload, args.seed, edges, args.budget_s, args.server_sigma, args.window_h
+            cluster, args.workload, args.seed, edges, args.budget_s, args.server_sigma, args.window_h, per_job
         )
     except ValueError as exc:
         print(f"--workload / --cluster: {exc}", file=sys.stderr)
@@ -235,6 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:18} {value:.4f}" if isinstance(value, float) else f"{key:18} {value}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n", encoding="utf-8")
+    if args.per_job and per_job is not None:
+        rows = "".join(
+            f"{j.job_id},{j.best_run_h:.6f},{j.jct_h:.6f},{j.run_h:.6f},"
+            + " ".join(f"{t}:{h:.4f}" for t, h in sorted(j.gpu_h.items()) if h > 1e-6)
+            + "\n"
+            for j in per_job
+        )
+        args.per_job.write_text("job,best_run_h,jct_h,run_h,gpu_h\n" + rows, encoding="utf-8")
     return 0
 
 

@@ -26,8 +26,8 @@ PAPER_16 = str(ROOT / "configs" / "sim" / "paper-16.toml")
 PAPER_512 = str(ROOT / "configs" / "sim" / "paper-512.toml")
 
 
-def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("jct_bound", ROOT / "bench" / "jct_bound.py")
+def load(name: str = "jct_bound") -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up
@@ -172,15 +172,62 @@ def test_no_simulated_run_beats_the_bound(tmp_path: Path) -> None:
     )
     assert code == 0
     runs = json.loads((out / "results.json").read_text(encoding="utf-8"))["policies"]
-    bound_json = tmp_path / "bound.json"
-    assert (
-        load().main(["--cluster", PAPER_16, "--workload", workload, "--seed", "4", "--json", str(bound_json)])
-        == 0
-    )
+    bound_json, per_job = tmp_path / "bound.json", tmp_path / "per-job.csv"
+    argv = ["--cluster", PAPER_16, "--workload", workload, "--seed", "4", "--json", str(bound_json)]
+    assert load().main([*argv, "--per-job", str(per_job)]) == 0
     figures = json.loads(bound_json.read_text(encoding="utf-8"))
     assert figures["avg_best_run_h"] < figures["bound_avg_jct_h"]
     for name, row in runs.items():
         assert row["avg_jct_h"] > figures["bound_avg_jct_h"], name
+
+    # the per-job split of the optimum adds up to the bound, and each job's part is a possible life
+    rows = per_job.read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "job,best_run_h,jct_h,run_h,gpu_h" and len(rows) == 13
+    parts = [row.split(",") for row in rows[1:]]
+    assert sum(float(p[2]) for p in parts) / 12 == pytest.approx(figures["bound_avg_jct_h"], rel=1e-4)
+    for job, best, jct, run, gpu_h in parts:
+        # (its run may last longer than its JCT there: the relaxation's completion is the mean time of
+        # its work plus half its best run, less than its last work's end when it runs slower than best)
+        assert float(best) <= float(jct) + 1e-4 and float(best) <= float(run) + 1e-4, job
+        assert {t.split(":")[0] for t in gpu_h.split()} <= {"gtx1080ti", "rtx3090", "titanxp"}, job
+
+    # set beside the runs: each policy's average is its run's, and its excess splits over each grouping
+    by_class = tmp_path / "by-class.json"
+    assert (
+        load("jct_by_class").main(
+            ["--bound", str(per_job), "--runs", str(out / "jobs.csv"), "--json", str(by_class)]
+        )
+        == 0
+    )
+    classes = json.loads(by_class.read_text(encoding="utf-8"))
+    assert classes["bound_avg_jct_h"] == pytest.approx(figures["bound_avg_jct_h"], rel=1e-4)
+    for name, row in runs.items():
+        assert classes[f"{name}.avg_jct_h"] == pytest.approx(row["avg_jct_h"], rel=1e-3), name
+        for kind in ("best_run", "min_gpus", "shape"):
+            shares = [
+                v
+                for k, v in classes.items()
+                if k.startswith(f"{kind}.") and k.endswith(f".{name}.excess_share")
+            ]
+            assert sum(shares) == pytest.approx(1.0), (kind, name)
+            jobs = [v for k, v in classes.items() if k.startswith(f"{kind}.") and k.endswith(".jobs")]
+            assert sum(jobs) == 12, kind
+
+
+def test_jct_by_class_refuses_runs_of_another_workload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bound = tmp_path / "bound.csv"
+    bound.write_text("job,best_run_h,jct_h,run_h,gpu_h\nj00000,1.0,1.5,1.0,rtx3090:1.0\n", encoding="utf-8")
+    jobs = tmp_path / "jobs.csv"
+    header = "policy,job,tenant,gpus,arrival_s,first_start_s,end_s,wait_s,jct_s,latency_ratio,gpu_types,preemptions,moves,completed"
+    jobs.write_text(
+        f"{header}\nhops,j00001,default,1,0,60,5400,60,5400,0.1,rtx3090,0,0,1\n", encoding="utf-8"
+    )
+    assert load("jct_by_class").main(["--bound", str(bound), "--runs", str(jobs)]) == 2
+    assert "not the bound's workload" in capsys.readouterr().err
+    assert load("jct_by_class").main(["--bound", str(jobs), "--runs", str(jobs)]) == 2
+    assert "--bound" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

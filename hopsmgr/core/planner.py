@@ -15,6 +15,7 @@ clock or does I/O beyond handing the program to CBC.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -161,6 +162,11 @@ def _plan(
             view.spec, by_type, servers, estimator, ctx, settings.effective_gain_base
         )
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
+    if settings.speed_value == "neutral" and placeable:
+        state.speed_weight = statistics.median(weights.get(v.id, 1.0) for v in placeable)
+        for view in placeable:
+            expected = _base_rate(view.spec, by_type, servers, estimator, ctx, "expected")
+            state.expected_gain[view.id] = max(1.0, expected / state.base_rate[view.id])
     if kind == "first":
         state.hold_value = hold_values(state, {v.id: v for v in placeable if v.id in running})
 

@@ -38,6 +38,10 @@ class RoundState:
     deadline: float | None = None  # on the injected timer: no solver runs past it
     # Added to every option of a running job: what dropping it would cost (`hold_values`).
     hold_value: dict[JobId, float] = field(default_factory=dict)
+    # `speed_value = "neutral"`: the one weight of speed above the rate the job's expected run time
+    # assumes (None: each job's own weight), and that rate over the gain base (G there) per job
+    speed_weight: float | None = None
+    expected_gain: dict[JobId, float] = field(default_factory=dict)
 
 
 # [ours] What writing a checkpoint is assumed to take when nothing better is known: a fixed part (stop
@@ -84,7 +88,9 @@ def job_value(state: RoundState, view: JobView, rate: float, moved: bool) -> flo
     return value_at(value_terms(state, view, moved), rate)
 
 
-ValueTerms = tuple[float, float, float, float]  # base rate, restart factor, weight, hold value
+# base rate, restart factor, weight, hold value, the weight of speed above the expected rate (None: the
+# weight) and G at the expected rate
+ValueTerms = tuple[float, float, float, float, float | None, float]
 
 
 def value_terms(state: RoundState, view: JobView, moved: bool) -> ValueTerms:
@@ -96,12 +102,30 @@ def value_terms(state: RoundState, view: JobView, moved: bool) -> ValueTerms:
         lost = preemption_cost_s(view.spec) if state.settings.preemption_cost else None
         factor = restart_factor(state.settings, view.spec.restart_s, lost)
     jid = view.id
-    return state.base_rate[jid], factor, state.weights.get(jid, 1.0), state.hold_value.get(jid, 0.0)
+    weight = state.weights.get(jid, 1.0)
+    expected = state.expected_gain.get(jid, 1.0)
+    return state.base_rate[jid], factor, weight, state.hold_value.get(jid, 0.0), state.speed_weight, expected
 
 
 def value_at(terms: ValueTerms, rate: float) -> float:
-    base, factor, weight, hold = terms
-    return weight * (rate / base * factor) + hold
+    base, factor, weight, hold, speed_weight, expected = terms
+    return weighted_gain(weight, speed_weight, rate / base, expected) * factor + hold
+
+
+def weighted_gain(weight: float, speed_weight: float | None, gain: float, expected: float = 1.0) -> float:
+    """w x G; with one weight for speed above the expected rate (`speed_value = "neutral"`, G = E
+    there): w x min(G, E) + w_speed x max(0, G - E)."""
+    if speed_weight is None or gain <= expected:
+        return weight * gain
+    return weight * expected + speed_weight * (gain - expected)
+
+
+def gain_of(value: float, weight: float, speed_weight: float | None, expected: float = 1.0) -> float:
+    """The G whose `weighted_gain` is `value` (for explanations: restart factors and hold values are
+    read as part of G)."""
+    if speed_weight is None or speed_weight <= 0 or value <= weight * expected:
+        return value / weight
+    return expected + (value - weight * expected) / speed_weight
 
 
 def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[JobId, float]:
@@ -122,7 +146,8 @@ def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[Job
         if rate is None or rate <= 0:
             continue
         share = min(1.0, preemption_cost_s(view.spec) / horizon_s(state.settings, view.spec.restart_s))
-        out[jid] = state.weights.get(jid, 1.0) * rate / base * share
+        weight, expected = state.weights.get(jid, 1.0), state.expected_gain.get(jid, 1.0)
+        out[jid] = weighted_gain(weight, state.speed_weight, rate / base, expected) * share
     return out
 
 
@@ -231,10 +256,13 @@ def explain_candidates(
     for item, ks in by_item.items():
         view = jobs[item]
         weight = max(state.weights.get(view.id, 1.0), 1e-12)
+        expected = state.expected_gain.get(view.id, 1.0)
         top = heapq.nlargest(5, ks, key=lambda k: options[k].value)
         out[view.id] = tuple(
             CandidateView(
-                str(option_configs[k]), options[k].value / weight * state.base_rate[view.id], options[k].value
+                str(option_configs[k]),
+                gain_of(options[k].value, weight, state.speed_weight, expected) * state.base_rate[view.id],
+                options[k].value,
             )
             for k in top
         )

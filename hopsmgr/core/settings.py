@@ -17,6 +17,8 @@ PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf"
 SolverMode = Literal["auto", "exact", "classes"]
 GainBase = Literal["auto", "smallest", "expected"]
 GAIN_BASES: tuple[str, ...] = ("auto", "smallest", "expected")
+SpeedValue = Literal["priority", "neutral"]
+SPEED_VALUES: tuple[str, ...] = ("priority", "neutral")
 SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 
 
@@ -54,6 +56,12 @@ class SchedulerSettings:
     # remaining work done per hour: Smith's rule); "auto": "expected" with srtf_lr, else "smallest"
     # (docs/results.md measures both with both priorities)
     gain_base: GainBase = "auto"
+    # [ours] how the program values a configuration's speed above the rate the job's expected run time
+    # assumes (G = E there): "priority" at the job's own weight (w x G, the paper's), "neutral" at one
+    # weight for all jobs of the plan (the median of theirs): w x min(G, E) + w_median x max(0, G - E),
+    # so that the priority decides who runs and the faster and larger configurations go where they gain
+    # the most per GPU, whatever the job's length (docs/scheduling.md section 7)
+    speed_value: SpeedValue = "priority"
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0
     min_attempt_s: float = 300.0
@@ -100,6 +108,8 @@ class SchedulerSettings:
             raise bad("move_min_gain", "must be a number >= 0")
         if self.gain_base not in GAIN_BASES:
             raise bad("gain_base", f"must be one of {', '.join(GAIN_BASES)}")
+        if self.speed_value not in SPEED_VALUES:
+            raise bad("speed_value", f"must be one of {', '.join(SPEED_VALUES)}")
         if self.solver not in SOLVER_MODES:
             raise bad("solver", f"must be one of {', '.join(SOLVER_MODES)}")
         if not (isinstance(self.exact_max_variables, int) and self.exact_max_variables >= 0):

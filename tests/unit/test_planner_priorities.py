@@ -211,3 +211,44 @@ def test_a_queued_job_on_the_critical_path_is_not_lifted() -> None:
         snapshot(servers, [x, long_]), profiled(x, long_), replace(settings_, critical_path=False)
     )
     assert lifted.priorities == pytest.approx(plain.priorities)
+
+
+@pytest.mark.parametrize(("speed_value", "gets_eight"), [("priority", "s"), ("neutral", "l")])
+def test_speed_above_the_expected_rate_goes_where_it_gains_the_most_per_gpu_with_speed_value_neutral(
+    speed_value: str, gets_eight: str
+) -> None:
+    """s (short, so a high srtf_lr weight) scales worse than l (it all-reduces 200 MB); both ask for 1,
+    2, 4 or 8 GPUs of the 12. Valued at each job's own weight, s takes 8 GPUs; valued at one weight above
+    the rate their expected run times assume (both gain over it on 4 GPUs or 8), the 4 extra GPUs go to
+    l, which gains more from them."""
+    servers = [srv("a0", 12, 1.0)]
+    counts = RequirementSet.of([1, 2, 4, 8])
+    short = JobView(JobSpec("s", counts, 1e5, 32, restart_s=0.0, params_bytes=2e8))
+    long_ = JobView(JobSpec("l", counts, 1e8, 32, restart_s=0.0))
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", speed_value=speed_value)  # type: ignore[arg-type]
+    plan = plan_round(snapshot(servers, [short, long_]), profiled(short, long_), settings_)
+    assert plan.explain["s"].weight > 10 * plan.explain["l"].weight
+    assert plan.assignments[gets_eight] == C(a0=8)
+    assert sum(config.gpus for config in plan.assignments.values()) == 12
+
+
+def test_weighted_gain_values_speed_above_the_expected_rate_at_the_one_weight() -> None:
+    from hopsmgr.core.program import weighted_gain
+
+    assert weighted_gain(3.0, None, 2.0, 1.5) == 6.0  # "priority": w x G
+    assert weighted_gain(3.0, 0.5, 1.0, 1.5) == 3.0  # at or below the expected rate: w x G
+    assert weighted_gain(3.0, 0.5, 2.0, 1.5) == pytest.approx(3.0 * 1.5 + 0.5 * 0.5)
+
+
+def test_speed_value_must_be_one_of_its_names() -> None:
+    with pytest.raises(ValueError, match="speed_value"):
+        SchedulerSettings(speed_value="fast")  # type: ignore[arg-type]
+
+
+def test_gain_of_inverts_weighted_gain() -> None:
+    from hopsmgr.core.program import gain_of, weighted_gain
+
+    for speed_weight in (None, 0.5):
+        for gain in (0.4, 1.0, 1.5, 2.0, 3.5):
+            value = weighted_gain(3.0, speed_weight, gain, 1.5)
+            assert gain_of(value, 3.0, speed_weight, 1.5) == pytest.approx(gain)

@@ -7,7 +7,7 @@ count, and rigid (one GPU count) against elastic. For each class and policy it p
 its ratio to the bound's, the average running time (JCT less wait; the bound's: its jobs' time shares
 of running), and the class's share of the policy's whole excess over the bound (the sum
 over the class's jobs of JCT minus bound JCT, over that sum for all jobs): where the policy's lost time
-lies.
+lies. JSON keys join kind, class, policy and figure with ":" (e.g. "shape:elastic:hops:avg_jct_h").
 
 The bound's split among jobs is one optimum of the relaxation, not the only one; a class's bound JCT
 is therefore indicative, while the total is the bound. Every run's jobs must be the bound's workload
@@ -40,16 +40,30 @@ class JobFacts:
 
 def read_bound(path: Path) -> dict[str, tuple[float, float, float]]:
     """job -> (best run h, bound JCT h, bound run h), from jct_bound.py --per-job."""
+    if not path.is_file():
+        raise ValueError(f"--bound {path}: no such file")
     with path.open(encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     if not rows or not {"job", "best_run_h", "jct_h", "run_h"} <= set(rows[0]):
         raise ValueError(
             f"--bound {path}: not a jct_bound.py --per-job file (columns job,best_run_h,jct_h,run_h)"
         )
-    return {r["job"]: (float(r["best_run_h"]), float(r["jct_h"]), float(r["run_h"])) for r in rows}
+    try:
+        return {r["job"]: (float(r["best_run_h"]), float(r["jct_h"]), float(r["run_h"])) for r in rows}
+    except ValueError as exc:
+        raise ValueError(f"--bound {path}: {exc}") from exc
 
 
 RunJob = tuple[float, float, tuple[int, ...]]  # (JCT h, wait h, GPU counts)
+
+
+def run_file(spec: str) -> tuple[str, Path]:
+    """A --runs argument as (label, path): LABEL=PATH when LABEL has no "/" and PATH is given, else a
+    plain path (label "")."""
+    label, sep, rest = spec.partition("=")
+    if sep and label and rest and "/" not in label:
+        return label, Path(rest)
+    return "", Path(spec)
 
 
 def read_runs(specs: Iterable[str]) -> dict[str, dict[str, RunJob]]:
@@ -57,17 +71,30 @@ def read_runs(specs: Iterable[str]) -> dict[str, dict[str, RunJob]]:
     given as PATH or LABEL=PATH (its policies then named LABEL/policy, to tell runs of one policy apart)."""
     runs: dict[str, dict[str, RunJob]] = {}
     for spec in specs:
-        label, _, rest = spec.partition("=")
-        label, path = (label + "/", Path(rest)) if rest and "/" not in label else ("", Path(spec))
+        label, path = run_file(spec)
+        if not path.is_file():
+            raise ValueError(f"--runs {spec}: no such file")
+        seen: set[str] = set()
         with path.open(encoding="utf-8") as f:
             for r in csv.DictReader(f):
-                if r.get("completed") != "1":
+                try:
+                    policy = f"{label}/{r['policy']}" if label else r["policy"]
+                    if r["completed"] != "1":
+                        raise ValueError(f"job {r['job']!r} of {policy!r} did not complete")
+                    gpus = tuple(int(g) for g in r["gpus"].split())
+                    jct, wait = float(r["jct_s"]) / HOUR_S, float(r["wait_s"]) / HOUR_S
+                except KeyError as exc:
                     raise ValueError(
-                        f"--runs {path}: job {r.get('job')!r} of {r.get('policy')!r} did not complete"
+                        f"--runs {spec}: no column {exc} (not a jobs.csv of hopsmgr simulate)"
+                    ) from exc
+                except ValueError as exc:
+                    raise ValueError(f"--runs {spec}: {exc}") from exc
+                if policy in runs and policy not in seen:
+                    raise ValueError(
+                        f"--runs {spec}: {policy} is in another file too; name them apart (LABEL=PATH)"
                     )
-                gpus = tuple(int(g) for g in r["gpus"].split())
-                jct, wait = float(r["jct_s"]) / HOUR_S, float(r["wait_s"]) / HOUR_S
-                runs.setdefault(label + r["policy"], {})[r["job"]] = (jct, wait, gpus)
+                seen.add(policy)
+                runs.setdefault(policy, {})[r["job"]] = (jct, wait, gpus)
     return runs
 
 
@@ -116,7 +143,7 @@ def compare(
         "bound_avg_jct_h": _mean(f.bound_jct_h for f in facts),
     }
     for policy in policies:
-        figures[f"{policy}.avg_jct_h"] = _mean(runs[policy][f.job_id][0] for f in facts)
+        figures[f"{policy}:avg_jct_h"] = _mean(runs[policy][f.job_id][0] for f in facts)
     for kind, key in classes(facts).items():
         groups: dict[str, list[JobFacts]] = {}
         for f in facts:
@@ -134,13 +161,13 @@ def compare(
                 avg = _mean(jct[f.job_id][0] for f in members)
                 run = _mean(jct[f.job_id][0] - jct[f.job_id][1] for f in members)
                 rows.append((kind, name, policy, len(members), best, bound_avg, bound_run, avg, run, share))
-                figures[f"{kind}.{name}.{policy}.avg_jct_h"] = avg
-                figures[f"{kind}.{name}.{policy}.avg_run_h"] = run
-                figures[f"{kind}.{name}.{policy}.excess_share"] = share
-            figures[f"{kind}.{name}.jobs"] = float(len(members))
-            figures[f"{kind}.{name}.bound_avg_jct_h"] = bound_avg
-            figures[f"{kind}.{name}.bound_avg_run_h"] = bound_run
-            figures[f"{kind}.{name}.avg_best_run_h"] = best
+                figures[f"{kind}:{name}:{policy}:avg_jct_h"] = avg
+                figures[f"{kind}:{name}:{policy}:avg_run_h"] = run
+                figures[f"{kind}:{name}:{policy}:excess_share"] = share
+            figures[f"{kind}:{name}:jobs"] = float(len(members))
+            figures[f"{kind}:{name}:bound_avg_jct_h"] = bound_avg
+            figures[f"{kind}:{name}:bound_avg_run_h"] = bound_run
+            figures[f"{kind}:{name}:avg_best_run_h"] = best
     return rows, figures
 
 
@@ -170,17 +197,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         rows, figures = compare(read_bound(args.bound), read_runs(args.runs))
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         print(str(exc), file=sys.stderr)
         return 2
     print(
-        f"{'class':28} {'policy':14} {'jobs':>5} {'best':>6} {'bound':>6} {'b.run':>6} {'JCT':>6} {'run':>6}"
+        f"{'class':28} {'policy':22} {'jobs':>5} {'best':>6} {'bound':>6} {'b.run':>6} {'JCT':>6} {'run':>6}"
         f" {'x bound':>8} {'excess':>7}"
     )
     for kind, name, policy, n, best, bound_avg, bound_run, avg, run, share in rows:
         ratio = avg / bound_avg if bound_avg > 0 else float("inf")
         print(
-            f"{kind + ': ' + name:28} {policy:14} {n:5d} {best:6.3f} {bound_avg:6.3f} {bound_run:6.3f}"
+            f"{kind + ': ' + name:28} {policy:22} {n:5d} {best:6.3f} {bound_avg:6.3f} {bound_run:6.3f}"
             f" {avg:6.3f} {run:6.3f} {ratio:8.2f} {share:7.1%}"
         )
     if args.json:

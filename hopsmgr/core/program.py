@@ -109,6 +109,8 @@ def value_terms(state: RoundState, view: JobView, moved: bool) -> ValueTerms:
 
 def value_at(terms: ValueTerms, rate: float) -> float:
     base, factor, weight, hold, speed_weight, expected = terms
+    if speed_weight is None:
+        return weight * (rate / base * factor) + hold
     return weighted_gain(weight, speed_weight, rate / base, expected) * factor + hold
 
 
@@ -118,14 +120,6 @@ def weighted_gain(weight: float, speed_weight: float | None, gain: float, expect
     if speed_weight is None or gain <= expected:
         return weight * gain
     return weight * expected + speed_weight * (gain - expected)
-
-
-def gain_of(value: float, weight: float, speed_weight: float | None, expected: float = 1.0) -> float:
-    """The G whose `weighted_gain` is `value` (for explanations: restart factors and hold values are
-    read as part of G)."""
-    if speed_weight is None or speed_weight <= 0 or value <= weight * expected:
-        return value / weight
-    return expected + (value - weight * expected) / speed_weight
 
 
 def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[JobId, float]:
@@ -146,8 +140,12 @@ def hold_values(state: RoundState, running: Mapping[JobId, JobView]) -> dict[Job
         if rate is None or rate <= 0:
             continue
         share = min(1.0, preemption_cost_s(view.spec) / horizon_s(state.settings, view.spec.restart_s))
-        weight, expected = state.weights.get(jid, 1.0), state.expected_gain.get(jid, 1.0)
-        out[jid] = weighted_gain(weight, state.speed_weight, rate / base, expected) * share
+        weight = state.weights.get(jid, 1.0)
+        if state.speed_weight is None:
+            out[jid] = weight * rate / base * share
+        else:
+            expected = state.expected_gain.get(jid, 1.0)
+            out[jid] = weighted_gain(weight, state.speed_weight, rate / base, expected) * share
     return out
 
 
@@ -256,17 +254,25 @@ def explain_candidates(
     for item, ks in by_item.items():
         view = jobs[item]
         weight = max(state.weights.get(view.id, 1.0), 1e-12)
-        expected = state.expected_gain.get(view.id, 1.0)
         top = heapq.nlargest(5, ks, key=lambda k: options[k].value)
         out[view.id] = tuple(
             CandidateView(
                 str(option_configs[k]),
-                gain_of(options[k].value, weight, state.speed_weight, expected) * state.base_rate[view.id],
+                _shown_rate(state, view, options[k], option_configs[k], weight),
                 options[k].value,
             )
             for k in top
         )
     return out
+
+
+def _shown_rate(state: RoundState, view: JobView, option: Option, config: Config, weight: float) -> float:
+    """The rate an explanation shows: the value over the weight in the base's units (restart factor
+    and hold value included, as always), or with `speed_value = "neutral"`, whose value is not
+    proportional to the rate, the estimator's rate of the configuration."""
+    if state.speed_weight is None:
+        return option.value / weight * state.base_rate[view.id]
+    return state.estimator.config_rate(view.spec, config, state.servers) or 0.0
 
 
 def _keep_candidate(

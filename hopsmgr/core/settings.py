@@ -59,8 +59,8 @@ class SchedulerSettings:
     # [ours] how the program values a configuration's speed above the rate the job's expected run time
     # assumes (G = E there): "priority" at the job's own weight (w x G, the paper's), "neutral" at one
     # weight for all jobs of the plan (the median of theirs): w x min(G, E) + w_median x max(0, G - E),
-    # so that the priority decides who runs and the faster and larger configurations go where they gain
-    # the most per GPU, whatever the job's length (docs/scheduling.md section 7)
+    # so that faster and larger configurations than the expected ones go where they gain the most per
+    # GPU, whatever the job's length (docs/scheduling.md section 7)
     speed_value: SpeedValue = "priority"
     profiling_iterations: int = 30
     raqlr_hours: float = 6.0

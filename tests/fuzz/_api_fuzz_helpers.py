@@ -82,7 +82,7 @@ class Api:
         return jobs, drained
 
 
-def _seq(job_id: str) -> int:
+def job_seq(job_id: str) -> int:
     return int(job_id.rsplit("-", 1)[1])
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz._api_fuzz_helpers import PY, TENANTS, Api, _seq
+from tests.fuzz._api_fuzz_helpers import PY, TENANTS, Api, job_seq
 from tests.integration.cluster import EXAMPLE, FAIL_EXAMPLE, LocalCluster, Node
 
 
@@ -47,6 +47,6 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         cl.wait_state(done, "COMPLETED", timeout=30)
         cl.wait_state(failed, "FAILED", timeout=30)
         cl.wait_state(sleeper, "RUNNING", timeout=30)
-        yield Api(cl, host, int(port), tokens, doc, [done, failed, cancelled], sleeper, _seq(sleeper))
+        yield Api(cl, host, int(port), tokens, doc, [done, failed, cancelled], sleeper, job_seq(sleeper))
     finally:
         cl.close()

@@ -48,10 +48,10 @@ from tests.fuzz._api_fuzz_helpers import (
     TEXT,
     Api,
     Request,
-    _seq,
     check_answer,
     check_unchanged,
     dump,
+    job_seq,
 )
 
 GROUPS = ("job", "node", "submit", "tokens", "users", "heartbeat", "read")
@@ -213,8 +213,10 @@ def fire(api: Api, req: Request) -> None:
     drained: dict[str, bool] = {}
     if status == 201 and req.template == "/api/v1/jobs":
         new_job = str(doc["id"])
-        assert _seq(new_job) == api.last_seq + 1, f"{new_job} after j-{api.last_seq:06d}: an id was used up"
-        api.last_seq = _seq(new_job)
+        assert job_seq(new_job) == api.last_seq + 1, (
+            f"{new_job} after j-{api.last_seq:06d}: an id was used up"
+        )
+        api.last_seq = job_seq(new_job)
     elif status == 200 and req.template.endswith("/cancel"):
         cancelled = str(doc["id"])
     elif status == 200 and req.template.endswith("drain"):
@@ -280,8 +282,8 @@ def resync(api: Api) -> None:
         "POST", "/api/v1/jobs", {"command": [PY, "-c", "pass"], "gpus": [1], "batch_size": 1, "iterations": 1}
     )
     api.admin("POST", f"/api/v1/jobs/{probe['id']}/cancel", {})
-    used_up = _seq(probe["id"]) - api.last_seq - 1
-    api.last_seq = _seq(probe["id"])
+    used_up = job_seq(probe["id"]) - api.last_seq - 1
+    api.last_seq = job_seq(probe["id"])
     assert used_up == 0, f"{used_up} job ids were used up by refused requests"
 
 
@@ -345,7 +347,7 @@ def test_a_bad_submission_does_not_fail_concurrent_good_ones(api: Api) -> None:
             for t in threads:
                 t.join()
             assert statuses[0] == 400 and all(statuses[i] == 201 for i in range(1, 9)), statuses
-        assert sorted(_seq(i) for i in ids) == list(range(api.last_seq + 1, api.last_seq + 25))
+        assert sorted(job_seq(i) for i in ids) == list(range(api.last_seq + 1, api.last_seq + 25))
         api.last_seq += 24
     finally:
         for job_id in ids:

@@ -26,10 +26,10 @@ from tests.fuzz._api_fuzz_helpers import (
     Api,
     Raw,
     Request,
-    _seq,
     check_answer,
     check_unchanged,
     dump,
+    job_seq,
 )
 
 # -- mostly valid submissions, one field perturbed -------------------------------------------------------------
@@ -153,8 +153,8 @@ def test_mostly_valid_submissions_are_refused_by_field_or_round_trip(
             assert status in (400, 403, 422) and field_ok(error["field"], str(perturbed)), (perturbed, doc)
         return
     job_id = str(doc["id"])
-    assert _seq(job_id) == api.last_seq + 1, f"{job_id} after j-{api.last_seq:06d}: an id was used up"
-    api.last_seq = _seq(job_id)
+    assert job_seq(job_id) == api.last_seq + 1, f"{job_id} after j-{api.last_seq:06d}: an id was used up"
+    api.last_seq = job_seq(job_id)
     check_unchanged(api, before, after, new_job=job_id)
     shown = api.admin("GET", f"/api/v1/jobs/{job_id}")
     assert shown["command"] == body["command"]

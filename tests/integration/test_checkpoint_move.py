@@ -13,7 +13,7 @@ import hashlib
 import os
 import signal
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from hopsmgr.master.ssh import SshExecutor
 from hopsmgr.node.layout import record_alive
 from hopsmgr.runtime import checkpoint
 from tests.integration.cluster import EXAMPLE, PYTHON
-from tests.integration.sshd import Sshd, require_sshd
+from tests.integration.sshd import Sshd
 
 T = TypeVar("T")
 JOB = "j-7"
@@ -35,16 +35,6 @@ BIG = 20 << 20  # more than two transfer chunks
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    require_sshd()
-    server = Sshd.start(tmp_path_factory.mktemp("sshd"))
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def config(sshd: Sshd) -> ClusterConfig:

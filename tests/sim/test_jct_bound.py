@@ -202,15 +202,15 @@ def test_no_simulated_run_beats_the_bound(tmp_path: Path) -> None:
     classes = json.loads(by_class.read_text(encoding="utf-8"))
     assert classes["bound_avg_jct_h"] == pytest.approx(figures["bound_avg_jct_h"], rel=1e-4)
     for name, row in runs.items():
-        assert classes[f"{name}.avg_jct_h"] == pytest.approx(row["avg_jct_h"], rel=1e-3), name
+        assert classes[f"{name}:avg_jct_h"] == pytest.approx(row["avg_jct_h"], rel=1e-3), name
         for kind in ("best_run", "min_gpus", "shape"):
             shares = [
                 v
                 for k, v in classes.items()
-                if k.startswith(f"{kind}.") and k.endswith(f".{name}.excess_share")
+                if k.startswith(f"{kind}:") and k.endswith(f":{name}:excess_share")
             ]
             assert sum(shares) == pytest.approx(1.0), (kind, name)
-            jobs = [v for k, v in classes.items() if k.startswith(f"{kind}.") and k.endswith(".jobs")]
+            jobs = [v for k, v in classes.items() if k.startswith(f"{kind}:") and k.endswith(":jobs")]
             assert sum(jobs) == 12, kind
 
 
@@ -228,6 +228,17 @@ def test_jct_by_class_refuses_runs_of_another_workload(
     assert "not the bound's workload" in capsys.readouterr().err
     assert load("jct_by_class").main(["--bound", str(jobs), "--runs", str(jobs)]) == 2
     assert "--bound" in capsys.readouterr().err
+    bound.write_text(bound.read_text(encoding="utf-8").replace("j00000", "j00001"), encoding="utf-8")
+    # one policy in two files: refused unless the files are named apart
+    assert load("jct_by_class").main(["--bound", str(bound), "--runs", str(jobs), str(jobs)]) == 2
+    assert "LABEL=PATH" in capsys.readouterr().err
+    out = tmp_path / "by-class.json"
+    argv = ["--bound", str(bound), "--runs", f"a={jobs}", f"b={jobs}", "--json", str(out)]
+    assert load("jct_by_class").main(argv) == 0
+    figures = json.loads(out.read_text(encoding="utf-8"))
+    assert figures["a/hops:avg_jct_h"] == figures["b/hops:avg_jct_h"] == pytest.approx(1.5)
+    assert load("jct_by_class").main(["--bound", str(bound), "--runs", str(tmp_path / "none.csv")]) == 2
+    assert "--runs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -226,6 +226,7 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("scheduler critical path", "lambda = 2", "critical_path = 1", "scheduler.critical_path", "1"),
     ("scheduler move gain", "lambda = 2", "move_min_gain = -0.1", "scheduler.move_min_gain", "-0.1"),
     ("scheduler gain base", "lambda = 2", 'gain_base = "largest"', "scheduler.gain_base", "'largest'"),
+    ("scheduler speed value", "lambda = 2", 'speed_value = "fast"', "scheduler.speed_value", "'fast'"),
     (
         "scheduler backfill factor",
         "lambda = 2",

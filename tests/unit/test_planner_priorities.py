@@ -245,10 +245,40 @@ def test_speed_value_must_be_one_of_its_names() -> None:
         SchedulerSettings(speed_value="fast")  # type: ignore[arg-type]
 
 
-def test_gain_of_inverts_weighted_gain() -> None:
-    from hopsmgr.core.program import gain_of, weighted_gain
+def test_with_the_latency_ratio_priority_speed_is_neutral_only_above_the_expected_rate() -> None:
+    """The default priority divides by the smallest configuration (gain_base "smallest"), so G at the
+    rate a job's expected run time assumes is E = R_avg / R1 = 3.75 here: up to it a configuration is
+    worth w x G, above it w x E + w_median x (G - E). Two queued jobs that waited differently (their
+    latency ratios, so their weights, differ); explanations show the estimator's rates."""
+    from hopsmgr.core.priority import expected_run_s
+    from hopsmgr.core.queueorder import priority_context
 
-    for speed_weight in (None, 0.5):
-        for gain in (0.4, 1.0, 1.5, 2.0, 3.5):
-            value = weighted_gain(3.0, speed_weight, gain, 1.5)
-            assert gain_of(value, 3.0, speed_weight, 1.5) == pytest.approx(gain)
+    servers = [srv("a0", 12, 1.0)]
+    counts = RequirementSet.of([1, 2, 4, 8])
+    early = JobView(JobSpec("e", counts, 1e6, 32, restart_s=0.0, submit_time=0.0), waited_s=1000.0)
+    late = JobView(JobSpec("l", counts, 1e6, 32, restart_s=0.0, submit_time=900.0), waited_s=100.0)
+    est = profiled(early, late)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, speed_value="neutral")
+    snap = snapshot(servers, [early, late])
+    plan = plan_round(snap, est, settings_)
+    weights = {j: plan.explain[j].weight for j in ("e", "l")}
+    assert weights["e"] > 1.5 * weights["l"]
+    median = (weights["e"] + weights["l"]) / 2
+    ctx = priority_context(snap, est)
+    by_id = {s.id: s for s in servers}
+    checked = 0
+    for view in (early, late):
+        per_gpu = est.type_rate(view.spec, "A")
+        assert per_gpu is not None
+        expected_gain = view.spec.total_samples / expected_run_s(view.spec, ctx) / per_gpu
+        assert expected_gain == pytest.approx(3.75)
+        w = weights[view.id]
+        for cand in plan.explain[view.id].candidates:
+            gpus = int(cand.config.split(":")[1].strip(" }"))
+            rate = est.config_rate(view.spec, C(a0=gpus), by_id)
+            assert rate is not None and cand.rate == pytest.approx(rate)
+            gain = rate / per_gpu
+            want = w * gain if gain <= expected_gain else w * expected_gain + median * (gain - expected_gain)
+            assert cand.value == pytest.approx(want)
+            checked += gain > expected_gain
+    assert checked >= 2  # the 4- and 8-GPU configurations of both lie above E

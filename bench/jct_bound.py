@@ -262,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.workload.startswith("poisson:"):
         print(f"--workload: only poisson:... workloads are bounded, got {args.workload!r}", file=sys.stderr)
         return 2
+    for flag, path in (("--json", args.json), ("--per-job", args.per_job)):
+        if path is not None and not path.parent.is_dir():
+            print(f"{flag}: no folder {str(path.parent)!r} to write {path.name!r} in", file=sys.stderr)
+            return 2
     edges = slot_grid(args.horizon_h, args.slot_h, args.fine_h, args.fine_slot_h)
     per_job: list[JobShare] | None = [] if args.per_job else None
     try:

@@ -164,9 +164,10 @@ def _plan(
         state.rho[view.id] = config_gen.sensitivity(view.spec, by_type, estimator)
     if settings.speed_value == "neutral" and placeable:
         state.speed_weight = statistics.median(weights.get(v.id, 1.0) for v in placeable)
-        for view in placeable:
-            expected = _base_rate(view.spec, by_type, servers, estimator, ctx, "expected")
-            state.expected_gain[view.id] = max(1.0, expected / state.base_rate[view.id])
+        if settings.effective_gain_base != "expected":  # else G is 1 at the expected rate already
+            for view in placeable:
+                expected = _base_rate(view.spec, by_type, servers, estimator, ctx, "expected")
+                state.expected_gain[view.id] = max(1.0, expected / state.base_rate[view.id])
     if kind == "first":
         state.hold_value = hold_values(state, {v.id: v for v in placeable if v.id in running})
 

@@ -248,6 +248,7 @@ def test_jct_by_class_refuses_runs_of_another_workload(
         (["--workload", "poisson:jobs=5,rate=10", "--slot-h", "0"], "--slot-h"),
         (["--workload", "poisson:jobs=5,rate=10", "--cluster", "nonsense"], "--cluster"),
         (["--workload", "poisson:jobs=5,rate=10", "--server-sigma", "-1"], "--server-sigma"),
+        (["--workload", "poisson:jobs=5,rate=10", "--per-job", "/no/such/dir/x.csv"], "--per-job"),
     ],
 )
 def test_bad_arguments_are_named(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:

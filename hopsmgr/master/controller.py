@@ -145,7 +145,7 @@ class Controller:
         """Load state from the store, take a new epoch, sync tenants; agents get a full grace period."""
         self.checkpoint_root = checkpoint_root
         self.epoch = self.store.next_epoch(self.clock())
-        self.started = self.machine.started = self.clock()
+        self.listening()
         self.store.sync_tenants(
             [
                 {
@@ -465,6 +465,13 @@ class Controller:
         self.store_ops(ops)
 
     # -- durability -------------------------------------------------------------------------------------
+
+    def listening(self) -> None:
+        """The API (and so the agents' heartbeats) is served from now on: the nodes' grace period, in
+        which one that has not beaten yet is not counted lost, starts here. A takeover's loads and
+        set-up before it may take seconds under load; counted from `open`, they used up the grace
+        and a node whose first beat came a little late was declared lost, its running jobs restarted."""
+        self.started = self.machine.started = self.clock()
 
     def start_writer(self) -> None:
         """From now on the records are written on a thread of their own, with a connection of its own

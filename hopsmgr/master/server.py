@@ -268,6 +268,7 @@ class MasterProcess:
         app = make_app(ctl, loop, self._cluster_token, Forecaster(ctl))
         dashboard.setup(app, ctl)  # the web pages at / (hopsmgr.master.dashboard)
         await self._serve(app)
+        ctl.listening()
         ctl.leader = {"url": self.advertised(), "since": ctl.started, "epoch": ctl.epoch}
         if self.lease is not None:
             write_leader(store, LeaderInfo(self.advertised(), ctl.started, ctl.epoch))

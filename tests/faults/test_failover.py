@@ -110,9 +110,17 @@ def check_outcome(
         job = cluster.job(job_id)
         run = [a for a in job["attempts"] if not a["profiling"]]
         completed = [a for a in run if a["exit_code"] == 0]
-        assert len(completed) == 1, job["attempts"]
+        assert len(completed) == 1, attempts_text(job)
         if job_id in before:  # it ran at the fault: adopted, never restarted
-            assert [a["id"] for a in run] == [before[job_id]], job["attempts"]
+            assert [a["id"] for a in run] == [before[job_id]], attempts_text(job)
+
+
+def attempts_text(job: dict[str, Any]) -> str:
+    """A job's attempts and events in full (pytest shortens a list of dicts to its first keys)."""
+    keys = ("id", "profiling", "placement", "started", "ended", "end_reason", "exit_code")
+    lines = [" ".join(f"{k}={a.get(k)!r}" for k in keys) for a in job["attempts"]]
+    lines += [f"{e['time']:.3f} {e['kind']} {e['state']} {e['message']}" for e in job.get("events", [])]
+    return "\n".join(lines)
 
 
 def old_epoch_acts_after(cluster: PgCluster, epoch: int, t: float) -> list[dict[str, Any]]:

@@ -38,6 +38,8 @@ from typing import Any
 
 import aiohttp
 
+from hopsmgr.core.metrics import percentile as pct
+
 BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))  # the master_load_* modules beside it (when imported as bench.master_load)
@@ -48,7 +50,6 @@ from master_load_figures import (  # noqa: E402
     log_events,
     loop_blocks,
     metric,
-    pct,
     proc_cpu_s,
     proc_status_mb,
 )

@@ -2,9 +2,9 @@
 
 Part of bench/master_load.py (run that script, not this module). Helpers that turn what the master
 left behind into flat result fields: its CPU seconds and memory (`proc_cpu_s`, `proc_status_mb`),
-percentiles of client latencies (`pct`), values of its /metrics text (`metric`), how its attempts
-ended (`ended_attempts`, from its SQLite store), its warning and error log events (`log_events`) and
-its event-loop blocks of phase 2 (`loop_blocks`, from bench/loopwatch.py's report).
+values of its /metrics text (`metric`), how its attempts ended (`ended_attempts`, from its SQLite
+store), its warning and error log events (`log_events`) and its event-loop blocks of phase 2
+(`loop_blocks`, from bench/loopwatch.py's report).
 """
 
 from __future__ import annotations
@@ -31,15 +31,6 @@ def proc_status_mb(pid: int, key: str) -> float:
         if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def metric(text: str, name: str, quantile: str | None = None) -> float | None:

@@ -17,16 +17,8 @@ from typing import Any
 
 from soak_cluster import SERVERS, TERMINAL, SoakCluster, Unreachable
 
+from hopsmgr.core.metrics import percentile as pct
 from hopsmgr.node import ops
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 class SoakReport(SoakCluster):

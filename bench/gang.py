@@ -82,12 +82,16 @@ def one_run(
 
 def _setting(item: str) -> tuple[str, Any]:
     key, _, text = item.partition("=")
+    key = "lambda_" if key == "lambda" else key  # the TOML key (hopsmgr.config) or the field's name
     default = getattr(SchedulerSettings(), key, None)
     if default is None or not text:
         raise SystemExit(f"--set: {item!r} is not KEY=VALUE of a scheduler setting")
     if isinstance(default, bool):
         return key, text.lower() in ("1", "true", "yes", "on")
-    return key, type(default)(text)
+    try:
+        return key, type(default)(text)
+    except ValueError:
+        raise SystemExit(f"--set: {key} = {text!r} is not a {type(default).__name__}") from None
 
 
 def main() -> None:

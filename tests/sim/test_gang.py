@@ -15,6 +15,7 @@ from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.traces import workload_from_spec
 from hopsmgr.sim.workload import parse_workload_spec
+from tests.sim.test_jct_bound import load
 
 WORLD = paper_world(seed=1)
 
@@ -74,3 +75,14 @@ def test_summary_counts_reservations_and_late_backfills() -> None:
     assert row["reserved_jobs"] == result.reserved_jobs
     assert row["backfills"] == len(result.backfills)
     assert row["backfills_late"] == sum(1 for b in result.backfills if b.late)
+
+
+def test_the_gang_bench_takes_scheduler_settings_by_their_toml_keys_and_names_bad_ones() -> None:
+    gang = load("gang")
+    assert gang._setting("lambda=0.5") == ("lambda_", 0.5)  # the TOML key, as in a cluster file
+    assert gang._setting("lambda_=2") == ("lambda_", 2.0)
+    assert gang._setting("reservations=true") == ("reservations", True)
+    with pytest.raises(SystemExit, match="'nonsense=1' is not KEY=VALUE"):
+        gang._setting("nonsense=1")
+    with pytest.raises(SystemExit, match=r"lambda_ = 'abc' is not a float"):
+        gang._setting("lambda=abc")

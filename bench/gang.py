@@ -80,18 +80,41 @@ def one_run(
     }
 
 
+BOOLEANS = {
+    "1": True,
+    "true": True,
+    "yes": True,
+    "on": True,
+    "0": False,
+    "false": False,
+    "no": False,
+    "off": False,
+}
+
+
 def _setting(item: str) -> tuple[str, Any]:
-    key, _, text = item.partition("=")
-    key = "lambda_" if key == "lambda" else key  # the TOML key (hopsmgr.config) or the field's name
+    """A `--set KEY=VALUE`: the field and its value, checked as a cluster file's would be (bad input
+    ends the run with a message naming the key as given)."""
+    name, _, text = item.partition("=")
+    key = "lambda_" if name == "lambda" else name  # the TOML key (hopsmgr.config) or the field's name
     default = getattr(SchedulerSettings(), key, None)
     if default is None or not text:
         raise SystemExit(f"--set: {item!r} is not KEY=VALUE of a scheduler setting")
+    value: Any
     if isinstance(default, bool):
-        return key, text.lower() in ("1", "true", "yes", "on")
+        if text.lower() not in BOOLEANS:
+            raise SystemExit(f"--set: {name} = {text!r} is not true or false")
+        value = BOOLEANS[text.lower()]
+    else:
+        try:
+            value = type(default)(text)
+        except ValueError:
+            raise SystemExit(f"--set: {name} = {text!r} is not a {type(default).__name__}") from None
     try:
-        return key, type(default)(text)
-    except ValueError:
-        raise SystemExit(f"--set: {key} = {text!r} is not a {type(default).__name__}") from None
+        replace(SchedulerSettings(), **{key: value})
+    except ValueError as exc:
+        raise SystemExit(f"--set: {name} = {text!r}: {exc}") from None
+    return key, value
 
 
 def main() -> None:

@@ -467,10 +467,10 @@ class Controller:
     # -- durability -------------------------------------------------------------------------------------
 
     def listening(self) -> None:
-        """The API (and so the agents' heartbeats) is served from now on: the nodes' grace period, in
-        which one that has not beaten yet is not counted lost, starts here. A takeover's loads and
-        set-up before it may take seconds under load; counted from `open`, they used up the grace
-        and a node whose first beat came a little late was declared lost, its running jobs restarted."""
+        """The API (and so the agents' heartbeats) is served from now on: the nodes' grace period
+        (`lost_after_s`, in which no node is counted lost) starts here. A takeover's loads and set-up
+        before it may take seconds under load; counted from `open`, they used up the grace, and nodes
+        whose first beats came a little late were declared lost, their running jobs restarted."""
         self.started = self.machine.started = self.clock()
 
     def start_writer(self) -> None:

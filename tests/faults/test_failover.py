@@ -119,7 +119,7 @@ def attempts_text(job: dict[str, Any]) -> str:
     """A job's attempts and events in full (pytest shortens a list of dicts to its first keys)."""
     keys = ("id", "profiling", "placement", "started", "ended", "end_reason", "exit_code")
     lines = [" ".join(f"{k}={a.get(k)!r}" for k in keys) for a in job["attempts"]]
-    lines += [f"{e['time']:.3f} {e['kind']} {e['state']} {e['message']}" for e in job.get("events", [])]
+    lines += [f"{e['time']:.3f} {e['kind']} {e['state']} {e['message']}" for e in job.get("history", [])]
     return "\n".join(lines)
 
 

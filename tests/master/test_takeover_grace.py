@@ -6,9 +6,13 @@ the takeover declared lost and restarted (seen once in CI, tests/faults/test_fai
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
-from hopsmgr.config import ClusterConfig
+import pytest
+from aiohttp import web
+
+from hopsmgr.config import ClusterConfig, parse_cluster_config
 from hopsmgr.control.commands import LaunchAttempt, PlanRequest, StartProfiling
 from hopsmgr.control.events import RoundTick
 from hopsmgr.control.planning import compute_plan
@@ -18,6 +22,8 @@ from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master import heartbeats
 from hopsmgr.master.access import Principal
 from hopsmgr.master.controller import Controller
+from hopsmgr.master.executor import LocalExecutor
+from hopsmgr.master.server import MasterProcess
 from hopsmgr.master.store import Store
 from hopsmgr.master_settings import MasterSettings
 from hopsmgr.policies.base import HopsPolicy
@@ -103,3 +109,34 @@ def test_a_slow_takeover_leaves_the_nodes_their_whole_grace_period(tmp_path: Pat
     assert attempt not in ctl.machine.state.attempts
     assert [a["end_reason"] for a in store.attempts(job) if a["id"] == attempt] == ["node_lost"]
     store.close()
+
+
+def test_a_starting_master_counts_the_grace_from_when_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real start path (MasterProcess on SQLite): `started` is set once the API is served, after a
+    set-up made slow here, not when the store was opened."""
+    config = parse_cluster_config(
+        {"cluster": {"name": "grace"}, "servers": [{"id": "n1", "gpu_type": "v100", "gpus": 1}]}
+    )
+    master = MasterProcess(config, tmp_path / "state", listen="127.0.0.1:0", executor=LocalExecutor())
+    serve = MasterProcess._serve
+    serving: list[float] = []
+
+    async def slow_serve(self: MasterProcess, app: web.Application) -> None:
+        await asyncio.sleep(0.5)  # the set-up between opening the store and serving, slow
+        serving.append(time.time())
+        await serve(self, app)
+
+    monkeypatch.setattr(MasterProcess, "_serve", slow_serve)
+
+    async def scenario() -> None:
+        await master.start()
+        try:
+            assert master.ctl is not None and serving
+            assert master.ctl.started >= serving[-1]
+            assert master.ctl.machine.started == master.ctl.started
+        finally:
+            await master.stop()
+
+    asyncio.run(scenario())

@@ -15,7 +15,7 @@ from hopsmgr.sim.paperworld import paper_world
 from hopsmgr.sim.simstate import SimOptions
 from hopsmgr.sim.traces import workload_from_spec
 from hopsmgr.sim.workload import parse_workload_spec
-from tests.sim.test_jct_bound import load
+from tests.helpers.bench import load_bench
 
 WORLD = paper_world(seed=1)
 
@@ -78,11 +78,15 @@ def test_summary_counts_reservations_and_late_backfills() -> None:
 
 
 def test_the_gang_bench_takes_scheduler_settings_by_their_toml_keys_and_names_bad_ones() -> None:
-    gang = load("gang")
+    gang = load_bench("gang")
     assert gang._setting("lambda=0.5") == ("lambda_", 0.5)  # the TOML key, as in a cluster file
     assert gang._setting("lambda_=2") == ("lambda_", 2.0)
     assert gang._setting("reservations=true") == ("reservations", True)
     with pytest.raises(SystemExit, match="'nonsense=1' is not KEY=VALUE"):
         gang._setting("nonsense=1")
-    with pytest.raises(SystemExit, match=r"lambda_ = 'abc' is not a float"):
+    with pytest.raises(SystemExit, match=r"lambda = 'abc' is not a float"):
         gang._setting("lambda=abc")
+    with pytest.raises(SystemExit, match=r"reservations = 'ture' is not true or false"):
+        gang._setting("reservations=ture")
+    with pytest.raises(SystemExit, match=r"lambda = '-1': scheduler.lambda_: must be >= 0"):
+        gang._setting("lambda=-1")

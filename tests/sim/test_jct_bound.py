@@ -4,11 +4,9 @@ bound is tight where the answer is known."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import random
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +18,7 @@ from hopsmgr.sim.bestrates import ACROSS_GROUPS_MARGIN, BestRates, group_of, spl
 from hopsmgr.sim.paperworld import PaperWorld
 from hopsmgr.sim.runner import parse_cluster
 from hopsmgr.sim.workload import WorkloadJob
+from tests.helpers.bench import load_bench
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_16 = str(ROOT / "configs" / "sim" / "paper-16.toml")
@@ -27,12 +26,7 @@ PAPER_512 = str(ROOT / "configs" / "sim" / "paper-512.toml")
 
 
 def load(name: str = "jct_bound") -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+    return load_bench(name)
 
 
 def test_splits_are_every_multiset_once() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
@@ -11,18 +10,14 @@ from types import ModuleType
 import pytest
 
 from hopsmgr.cli.main import main
+from tests.helpers.bench import load_bench
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "jct_parts.py"
 WORKLOAD = "poisson:jobs=12,rate=20"
 CLUSTER = str(Path(__file__).resolve().parents[2] / "configs" / "sim" / "paper-16.toml")
 
 
 def load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("jct_parts", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("jct_parts")
 
 
 def parts_main(jobs_csv: Path, *extra: str, workload: str = WORKLOAD) -> int:

@@ -137,7 +137,7 @@ def _plan(
             held[sid] = held.get(sid, 0) + g
 
     values, owed, ordered = queue_order(snapshot, estimator, settings)
-    weights = ilp_weights(values, settings.lambda_)
+    weights = ilp_weights(values, settings.lambda_, settings.lambda_knee, settings.lambda_below)
     for jid in owed:
         weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]

@@ -266,20 +266,35 @@ def ilp_bias(values: Iterable[float]) -> float:
     return 0.0 if lowest > 0 else abs(lowest) + BIAS_EPSILON
 
 
-def ilp_weights(values: Mapping[JobId, float], lambda_: float) -> dict[JobId, float]:
+def ilp_weights(
+    values: Mapping[JobId, float], lambda_: float, knee: float = 0.0, below: float = 0.5
+) -> dict[JobId, float]:
     """ILP objective weights (prio + bias)^lambda; lambda 0 gives 1.0 to every job.
 
-    Raises ValueError for a negative or non-finite lambda, or a non-finite priority.
+    [ours] With a `knee` > 0, x = prio + bias is weighed x^below up to the knee and
+    knee^below * (x / knee)^lambda past it: one curve, continuous at the knee, flatter below it
+    (throughput counts more among jobs that have waited little) and the paper's slope above.
+
+    Raises ValueError for a negative or non-finite lambda, knee or exponent below the knee, or a
+    non-finite priority.
     """
-    if not (math.isfinite(lambda_) and lambda_ >= 0):
-        raise ValueError(f"lambda must be a finite number >= 0, got {lambda_!r}")
+    for name, number in (("lambda", lambda_), ("lambda_knee", knee), ("lambda_below", below)):
+        if not (math.isfinite(number) and number >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {number!r}")
     for job_id, value in values.items():
         if not math.isfinite(value):
             raise ValueError(f"priority of job {job_id!r} must be finite, got {value!r}")
-    if lambda_ == 0:
+    if lambda_ == 0 and knee == 0:
         return dict.fromkeys(values, 1.0)
     bias = ilp_bias(values.values())
-    return {job_id: (value + bias) ** lambda_ for job_id, value in values.items()}
+    if knee == 0:
+        return {job_id: (value + bias) ** lambda_ for job_id, value in values.items()}
+    at_knee = knee**below
+
+    def weight(x: float) -> float:
+        return x**below if x <= knee else at_knee * (x / knee) ** lambda_
+
+    return {job_id: weight(value + bias) for job_id, value in values.items()}
 
 
 def raqlr(ended: Iterable[tuple[float, float]], now: float, hours: float) -> float | None:

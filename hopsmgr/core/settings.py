@@ -26,6 +26,12 @@ SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 class SchedulerSettings:
     round_seconds: float = 120.0
     lambda_: float = 1.0
+    # [ours] a knee in the weights' exponent: priorities (plus bias) below `lambda_knee` are weighed with
+    # the exponent `lambda_below`, those above it with `lambda_` (continuous at the knee), so that jobs
+    # that have waited little compete mostly on throughput and fairness takes over past the knee; 0 =
+    # one exponent, the paper's (docs/scheduling.md, "the weights' exponent")
+    lambda_knee: float = 0.0
+    lambda_below: float = 0.5
     sigma: float = 1.4
     window: bool = True
     fragment_plans: bool = True
@@ -90,8 +96,12 @@ class SchedulerSettings:
 
         if not self.round_seconds > 0:
             raise bad("round_seconds", "must be > 0")
-        if not self.lambda_ >= 0:
-            raise bad("lambda_", "must be >= 0")
+        if not (math.isfinite(self.lambda_) and self.lambda_ >= 0):
+            raise bad("lambda_", "must be a finite number >= 0")
+        if not (math.isfinite(self.lambda_knee) and self.lambda_knee >= 0):
+            raise bad("lambda_knee", "must be a finite number >= 0 (0: no knee)")
+        if not (math.isfinite(self.lambda_below) and self.lambda_below >= 0):
+            raise bad("lambda_below", "must be a finite number >= 0")
         if not self.sigma >= 1.0:
             raise bad("sigma", "must be >= 1.0")
         if not 0 <= self.gap < 1:

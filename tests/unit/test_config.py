@@ -139,6 +139,18 @@ def test_good_file_parses_fully(tmp_path: Path) -> None:
     }
 
 
+def test_the_weights_knee_is_read_from_the_scheduler_table(tmp_path: Path) -> None:
+    config = load_cluster_config(
+        write(tmp_path, GOOD.replace("lambda = 2", "lambda = 2\nlambda_knee = 1.5\nlambda_below = 0.25"))
+    )
+    assert (config.scheduler.lambda_, config.scheduler.lambda_knee, config.scheduler.lambda_below) == (
+        2.0,
+        1.5,
+        0.25,
+    )
+    assert load_cluster_config(write(tmp_path, GOOD)).scheduler.lambda_knee == 0.0  # off unless set
+
+
 def test_minimal_inline_defaults() -> None:
     config = parse_cluster_config({"servers": [{"id": "s", "gpu_type": "v100", "gpus": 2}]})
     assert config.source == "<inline>"
@@ -227,6 +239,8 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("scheduler move gain", "lambda = 2", "move_min_gain = -0.1", "scheduler.move_min_gain", "-0.1"),
     ("scheduler gain base", "lambda = 2", 'gain_base = "largest"', "scheduler.gain_base", "'largest'"),
     ("scheduler speed value", "lambda = 2", 'speed_value = "fast"', "scheduler.speed_value", "'fast'"),
+    ("scheduler lambda knee", "lambda = 2", "lambda_knee = -1.0", "scheduler.lambda_knee", "-1.0"),
+    ("scheduler lambda below", "lambda = 2", "lambda_below = inf", "scheduler.lambda_below", "inf"),
     (
         "scheduler backfill factor",
         "lambda = 2",

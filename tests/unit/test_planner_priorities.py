@@ -282,3 +282,33 @@ def test_with_the_latency_ratio_priority_speed_is_neutral_only_above_the_expecte
             assert cand.value == pytest.approx(want)
             checked += gain > expected_gain
     assert checked >= 2  # the 4- and 8-GPU configurations of both lie above E
+
+
+def test_the_planner_weighs_jobs_with_the_knee_of_its_settings() -> None:
+    """Two queued jobs that waited differently (latency ratios below and above a knee of 1): the plan's
+    weights are the knee's curve of their priorities, not the paper's single exponent."""
+    from hopsmgr.core.priority import ilp_weights
+
+    servers = [srv("a0", 4, 1.0)]
+    counts = RequirementSet.of([1, 2, 4])
+    early = JobView(JobSpec("e", counts, 1e6, 32, restart_s=0.0, submit_time=0.0), waited_s=4000.0)
+    late = JobView(JobSpec("l", counts, 1e6, 32, restart_s=0.0, submit_time=900.0), waited_s=100.0)
+    est = profiled(early, late)
+    snap = snapshot(servers, [early, late])
+    paper = plan_round(snap, est, SchedulerSettings(solver="exact", gap=0.0))
+    knee = plan_round(
+        snap, est, SchedulerSettings(solver="exact", gap=0.0, lambda_knee=1.0, lambda_below=0.5)
+    )
+    assert knee.priorities == pytest.approx(paper.priorities)
+    prio = paper.priorities
+    assert prio["l"] < 1.0 < prio["e"]  # one below the knee, one above
+    want = ilp_weights(prio, 1.0, knee=1.0, below=0.5)
+    assert {j: knee.explain[j].weight for j in ("e", "l")} == pytest.approx(want)
+    assert {j: paper.explain[j].weight for j in ("e", "l")} == pytest.approx(ilp_weights(prio, 1.0))
+    assert knee.explain["l"].weight > paper.explain["l"].weight  # flatter below the knee
+
+
+@pytest.mark.parametrize("field", ["lambda_knee", "lambda_below"])
+def test_the_knee_settings_refuse_negative_values_naming_the_field(field: str) -> None:
+    with pytest.raises(ValueError, match=f"scheduler.{field}"):
+        SchedulerSettings(**{field: -0.5})  # type: ignore[arg-type]

@@ -337,6 +337,29 @@ def test_ilp_weights_rejects_bad_input() -> None:
         ilp_weights({"a": math.inf}, 1)
 
 
+def test_ilp_weights_with_a_knee_are_flatter_below_it_and_the_papers_above() -> None:
+    values = {"a": 0.25, "b": 1.0, "c": 4.0}  # all positive: no bias
+    knee = ilp_weights(values, 1, knee=1.0, below=0.5)
+    assert knee == pytest.approx({"a": 0.5, "b": 1.0, "c": 4.0})  # 0.25^0.5; 1^0.5 = the knee; 1 x 4/1
+    assert ilp_weights(values, 2, knee=2.0, below=0.5) == pytest.approx(
+        {"a": 0.5, "b": 1.0, "c": 2**0.5 * 2.0**2}
+    )
+    # continuous at the knee, and no knee is the paper's curve
+    assert ilp_weights({"x": 2.0 - 1e-9, "y": 2.0 + 1e-9}, 2, knee=2.0, below=0.5) == pytest.approx(
+        {"x": 2**0.5, "y": 2**0.5}
+    )
+    assert ilp_weights(values, 1, knee=0.0, below=0.5) == ilp_weights(values, 1)
+    # the ratio of two weights below the knee shrinks (a: 0.25 of b without it, 0.5 with it)
+    assert knee["a"] / knee["b"] > ilp_weights(values, 1)["a"] / ilp_weights(values, 1)["b"]
+
+
+def test_ilp_weights_refuse_a_bad_knee_or_exponent_below_it() -> None:
+    with pytest.raises(ValueError, match="lambda_knee"):
+        ilp_weights({"a": 1.0}, 1, knee=-1.0)
+    with pytest.raises(ValueError, match="lambda_below"):
+        ilp_weights({"a": 1.0}, 1, knee=1.0, below=math.nan)
+
+
 def test_raqlr_window() -> None:
     ended = [(100.0, 1.0), (3700.0, 2.0), (7200.0, 4.0)]
     assert raqlr(ended, now=7200.0, hours=1) == pytest.approx(3.0)  # cutoff 3600

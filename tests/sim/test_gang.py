@@ -88,5 +88,5 @@ def test_the_gang_bench_takes_scheduler_settings_by_their_toml_keys_and_names_ba
         gang._setting("lambda=abc")
     with pytest.raises(SystemExit, match=r"reservations = 'ture' is not true or false"):
         gang._setting("reservations=ture")
-    with pytest.raises(SystemExit, match=r"lambda = '-1': scheduler.lambda_: must be >= 0"):
+    with pytest.raises(SystemExit, match=r"lambda = '-1': scheduler.lambda_: must be a finite number >= 0"):
         gang._setting("lambda=-1")

@@ -101,6 +101,8 @@ def jumping_clock(step: float) -> Callable[[], float]:
 
 # --- optimality -----------------------------------------------------------------------------------------
 
+CBC_INCREMENT = 1e-5  # CBC's default cutoff increment (`cbc` then `increment??` prints it)
+
 
 @settings(max_examples=60, deadline=None)
 @given(instances())
@@ -109,7 +111,10 @@ def test_gap_zero_is_optimal(instance: Instance) -> None:
     sol = solve_proven(options, capacity, CbcOptions(gap=0.0))
     check_solution(options, capacity, sol)
     optimum = brute_force(options, capacity)
-    assert sol.objective == pytest.approx(optimum, abs=1e-6)
+    # CBC's "optimal" is optimal up to its cutoff increment: it prunes a node that cannot beat the
+    # incumbent by that much, so two plans 1e-5 apart may come out either way (a generated instance
+    # did: 5.0 against 5.00001). Plans never differ meaningfully by that little.
+    assert sol.objective == pytest.approx(optimum, abs=2 * CBC_INCREMENT)
     assert sol.proven
     assert sol.fallback is None
     if sol.bound is not None:

@@ -269,7 +269,7 @@ def ilp_bias(values: Iterable[float]) -> float:
 def ilp_weights(
     values: Mapping[JobId, float], lambda_: float, knee: float = 0.0, below: float = 0.5
 ) -> dict[JobId, float]:
-    """ILP objective weights (prio + bias)^lambda; lambda 0 gives 1.0 to every job.
+    """ILP objective weights (prio + bias)^lambda; lambda 0 (without a knee) gives 1.0 to every job.
 
     [ours] With a `knee` > 0, x = prio + bias is weighed x^below up to the knee and
     knee^below * (x / knee)^lambda past it: one curve, continuous at the knee, flatter below it

@@ -20,6 +20,9 @@ GAIN_BASES: tuple[str, ...] = ("auto", "smallest", "expected")
 SpeedValue = Literal["priority", "neutral"]
 SPEED_VALUES: tuple[str, ...] = ("priority", "neutral")
 SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
+# [ours] the smallest knee of the weights' exponent: priorities are at least the ILP bias (0.01) apart
+# from 0, and a knee far below that only divides them into overflow
+MIN_KNEE = 1e-3
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +101,8 @@ class SchedulerSettings:
             raise bad("round_seconds", "must be > 0")
         if not (math.isfinite(self.lambda_) and self.lambda_ >= 0):
             raise bad("lambda_", "must be a finite number >= 0")
-        if not (math.isfinite(self.lambda_knee) and self.lambda_knee >= 0):
-            raise bad("lambda_knee", "must be a finite number >= 0 (0: no knee)")
+        if not (math.isfinite(self.lambda_knee) and (self.lambda_knee == 0 or self.lambda_knee >= MIN_KNEE)):
+            raise bad("lambda_knee", f"must be 0 (no knee) or a finite number >= {MIN_KNEE}")
         if not (math.isfinite(self.lambda_below) and self.lambda_below >= 0):
             raise bad("lambda_below", "must be a finite number >= 0")
         if not self.sigma >= 1.0:

@@ -46,6 +46,8 @@ class HopsPolicy:
         self.round_seconds = settings.round_seconds
         self.fragment_plans = settings.fragment_plans
         self.description = f"Hops planner, {settings.priority} priority, lambda={settings.lambda_}"
+        if settings.lambda_knee > 0:
+            self.description += f" (below lambda_knee={settings.lambda_knee}: {settings.lambda_below})"
         # The last plan's reservations (hopsmgr.core.reserve): a reserved job keeps its servers.
         self.reservations: dict[JobId, Reservation] = {}
 

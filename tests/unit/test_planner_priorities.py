@@ -297,12 +297,12 @@ def test_the_planner_weighs_jobs_with_the_knee_of_its_settings() -> None:
     snap = snapshot(servers, [early, late])
     paper = plan_round(snap, est, SchedulerSettings(solver="exact", gap=0.0))
     knee = plan_round(
-        snap, est, SchedulerSettings(solver="exact", gap=0.0, lambda_knee=1.0, lambda_below=0.5)
+        snap, est, SchedulerSettings(solver="exact", gap=0.0, lambda_knee=1.0, lambda_below=0.25)
     )
     assert knee.priorities == pytest.approx(paper.priorities)
     prio = paper.priorities
     assert prio["l"] < 1.0 < prio["e"]  # one below the knee, one above
-    want = ilp_weights(prio, 1.0, knee=1.0, below=0.5)
+    want = ilp_weights(prio, 1.0, knee=1.0, below=0.25)  # not ilp_weights' default 0.5
     assert {j: knee.explain[j].weight for j in ("e", "l")} == pytest.approx(want)
     assert {j: paper.explain[j].weight for j in ("e", "l")} == pytest.approx(ilp_weights(prio, 1.0))
     assert knee.explain["l"].weight > paper.explain["l"].weight  # flatter below the knee
@@ -312,3 +312,11 @@ def test_the_planner_weighs_jobs_with_the_knee_of_its_settings() -> None:
 def test_the_knee_settings_refuse_negative_values_naming_the_field(field: str) -> None:
     with pytest.raises(ValueError, match=f"scheduler.{field}"):
         SchedulerSettings(**{field: -0.5})  # type: ignore[arg-type]
+
+
+def test_a_knee_too_small_to_mean_anything_is_refused() -> None:
+    with pytest.raises(
+        ValueError, match=r"scheduler.lambda_knee: must be 0 \(no knee\) or a finite number >= 0.001"
+    ):
+        SchedulerSettings(lambda_knee=1e-300)
+    assert SchedulerSettings(lambda_knee=0.001).lambda_knee == 0.001

@@ -141,8 +141,16 @@ class Controller:
 
     # -- start ------------------------------------------------------------------------------------------
 
+    def listening(self) -> None:
+        """The API (and so the agents' heartbeats) is served from now on: the nodes' grace period
+        (`lost_after_s`, in which no node is counted lost) starts here. A takeover's loads and set-up
+        before it may take seconds under load; counted from `open`, they used up the grace, and nodes
+        whose first beats came a little late were declared lost, their running jobs restarted."""
+        self.started = self.machine.started = self.clock()
+
     def open(self, checkpoint_root: str) -> None:
-        """Load state from the store, take a new epoch, sync tenants; agents get a full grace period."""
+        """Load state from the store, take a new epoch, sync tenants; agents get a full grace period
+        (from here, and again from `listening`)."""
         self.checkpoint_root = checkpoint_root
         self.epoch = self.store.next_epoch(self.clock())
         self.listening()
@@ -465,13 +473,6 @@ class Controller:
         self.store_ops(ops)
 
     # -- durability -------------------------------------------------------------------------------------
-
-    def listening(self) -> None:
-        """The API (and so the agents' heartbeats) is served from now on: the nodes' grace period
-        (`lost_after_s`, in which no node is counted lost) starts here. A takeover's loads and set-up
-        before it may take seconds under load; counted from `open`, they used up the grace, and nodes
-        whose first beats came a little late were declared lost, their running jobs restarted."""
-        self.started = self.machine.started = self.clock()
 
     def start_writer(self) -> None:
         """From now on the records are written on a thread of their own, with a connection of its own

@@ -7,15 +7,20 @@ target: <= 2), the big jobs' mean and worst wait, how many jobs got a reservatio
 were backfilled onto reserved GPUs and how many of those delayed a reservation (still there after the
 start they promised to end by, the reserved job not yet started; target < 5%), average JCT, makespan,
 idle GPUs per round while work waits and preemptions. `hops-res` and `hops-nores` are Hops with
-`reservations` on and off whatever the cluster file says.
+`reservations` on and off whatever the cluster file says. With several seeds it also prints, per
+workload and policy, on how many seeds the big-job target was missed: one seed's ratio says little
+(docs/results.md measures it on ten).
 
-    python bench/gang.py --cluster configs/sim/paper-64.toml --rates 60,100 --seeds 1,2 --json out.json
+    python bench/gang.py --cluster configs/sim/paper-64.toml --rates 60,100 --seeds 1,2,3,4,5,6,7,8,9,10 \
+        --policies hops --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -78,6 +83,42 @@ def one_run(
         "jobs": summary["jobs"],
         "wall_s": wall,
     }
+
+
+TARGET_RATIO = 2.0  # issue 13: the big jobs' worst latency ratio within 2x the 1-GPU jobs'
+
+
+def _ratio(row: dict[str, Any]) -> float:
+    value = row["lr_ratio_big_to_1gpu"]
+    if value is None:  # no 1-GPU job waited
+        return math.inf if row["max_lr_big"] > 0 else 0.0
+    return float(value)
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per workload and policy over its seeds: how many runs missed the big-job target (a
+    ratio above TARGET_RATIO, or big jobs waiting while no 1-GPU job did), the median and worst ratio,
+    and the mean average JCT and preemptions. Single runs of this scenario differ by tens of percent
+    from seed to seed, so a target is judged on the count of misses, not on one or two seeds."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in runs:
+        groups.setdefault((row["workload"], row["policy"]), []).append(row)
+    rows = []
+    for (workload, policy), group in groups.items():
+        ratios = [_ratio(r) for r in group]
+        rows.append(
+            {
+                "workload": workload,
+                "policy": policy,
+                "runs": len(group),
+                "missed": sum(1 for x in ratios if x > TARGET_RATIO),
+                "median_ratio": statistics.median(ratios),
+                "worst_ratio": max(ratios),
+                "mean_avg_jct_h": statistics.fmean(r["avg_jct_h"] for r in group),
+                "mean_preemptions": statistics.fmean(r["preemptions"] for r in group),
+            }
+        )
+    return rows
 
 
 BOOLEANS = {
@@ -150,6 +191,13 @@ def main() -> None:
                     f"{row['frags_per_round']:.2f}, preemptions {row['preemptions']} ({row['wall_s']:.0f} s)",
                     flush=True,
                 )
+    if len(args.seeds.split(",")) > 1:
+        for row in summarise(runs):
+            print(
+                f"{row['workload']} {row['policy']:>10}: target missed on {row['missed']} of {row['runs']} "
+                f"seeds; ratio median {row['median_ratio']:.2f}, worst {row['worst_ratio']:.2f}; mean avg JCT "
+                f"{row['mean_avg_jct_h']:.3f} h, mean preemptions {row['mean_preemptions']:.0f}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(runs, indent=2) + "\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 import time
 
 import pytest
@@ -90,3 +91,28 @@ def test_the_gang_bench_takes_scheduler_settings_by_their_toml_keys_and_names_ba
         gang._setting("reservations=ture")
     with pytest.raises(SystemExit, match=r"lambda = '-1': scheduler.lambda_: must be a finite number >= 0"):
         gang._setting("lambda=-1")
+
+
+def test_the_gang_bench_counts_the_seeds_that_miss_the_big_job_target() -> None:
+    gang = load_bench("gang")
+
+    def run(seed: int, ratio: float | None, big: float, jct: float, preemptions: int) -> dict[str, object]:
+        return {
+            "workload": "gang:jobs=800,rate=60,big_every=40",
+            "policy": "hops",
+            "seed": seed,
+            "lr_ratio_big_to_1gpu": ratio,
+            "max_lr_big": big,
+            "avg_jct_h": jct,
+            "preemptions": preemptions,
+        }
+
+    runs = [run(1, 1.5, 3.0, 0.3, 10), run(2, 2.5, 5.0, 0.5, 30), run(3, None, 0.4, 0.4, 20)]
+    runs.append({**run(1, 3.0, 3.0, 1.0, 5), "policy": "sia-lr"})
+    hops, sia = gang.summarise(runs)
+    assert (hops["policy"], hops["runs"], hops["missed"]) == ("hops", 3, 2)  # 2.5, and big jobs waited alone
+    assert hops["median_ratio"] == 2.5 and hops["worst_ratio"] == math.inf
+    assert hops["mean_avg_jct_h"] == pytest.approx(0.4) and hops["mean_preemptions"] == pytest.approx(20)
+    assert (sia["policy"], sia["runs"], sia["missed"]) == ("sia-lr", 1, 1)
+    at_target = gang.summarise([run(1, 2.0, 2.0, 0.3, 1), run(2, None, 0.0, 0.3, 1)])[0]
+    assert at_target["missed"] == 0  # 2.0 is within the target; no wait at all is no miss

@@ -42,6 +42,7 @@ Schema (every table except the servers is optional)::
     guaranteed_gpus = 16      # >= 0, default 0; all guarantees together <= the cluster's GPUs
     cap_gpus = 32             # optional, >= guaranteed_gpus
     weight = 1.0              # > 0, default 1.0
+    cap_gpus_by_type = { v100 = 8 }  # optional: the most GPUs of a type its jobs hold together
 
     [[users]]                 # optional: users seeded into the master's store at every start
     name = "ana"              # unique, [A-Za-z0-9_.-]+
@@ -108,7 +109,7 @@ _SERVER_KEYS = (
 )
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _GROUP_KEYS = ("prefix", "count", "gpu_type", "gpus", "host_model", "order", "calibration")
-_TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight")
+_TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight", "cap_gpus_by_type")
 _USER_KEYS = ("name", "tenant", "unix_user", "role")
 _UNIX_USER_RE = re.compile(UNIX_USER_PATTERN)
 _MAX_REPR = 120
@@ -266,7 +267,10 @@ class _Parser:
         name = self.cluster_name(doc.get("cluster", MISSING))
         servers, access = self.servers(doc)
         scheduler = self.scheduler(doc.get("scheduler", MISSING))
-        tenants = self.tenants(doc.get("tenants", MISSING), sum(s.gpus for s in servers))
+        type_gpus: dict[str, int] = {}
+        for server in servers:
+            type_gpus[server.gpu_type] = type_gpus.get(server.gpu_type, 0) + server.gpus
+        tenants = self.tenants(doc.get("tenants", MISSING), sum(s.gpus for s in servers), type_gpus)
         master = self.settings(doc.get("master", MISSING), "master", MasterSettings)
         users = self.users(doc.get("users", MISSING), tenants)
         return ClusterConfig(name, servers, scheduler, tenants, self.source, master, access, users)
@@ -379,7 +383,9 @@ class _Parser:
             value = table.get(toml_name[field_name], defaults.get(field_name, MISSING))
             self.fail(f"{section}.{toml_name[field_name]}", value, reason)
 
-    def tenants(self, raw: object, total_gpus: int) -> tuple[TenantQuota, ...]:
+    def tenants(
+        self, raw: object, total_gpus: int, type_gpus: Mapping[str, int] | None = None
+    ) -> tuple[TenantQuota, ...]:
         result: list[TenantQuota] = []
         seen: dict[str, str] = {}
         guaranteed_sum = 0
@@ -401,13 +407,31 @@ class _Parser:
             if guaranteed_sum > total_gpus:
                 reason = f"guarantees add up to {guaranteed_sum}, more than the cluster's {total_gpus} GPUs"
                 self.fail(f"{key}.guaranteed_gpus", guaranteed, reason)
+            type_caps = self.type_caps(table.get("cap_gpus_by_type", MISSING), key, type_gpus or {})
             try:
-                result.append(TenantQuota(name, guaranteed, cap, weight))
+                result.append(TenantQuota(name, guaranteed, cap, weight, type_caps))
             except ModelError as exc:  # pragma: no cover - TenantQuota validates nothing today
                 self.fail(key, dict(table), str(exc))
         if not result:
             return (TenantQuota(DEFAULT_TENANT),)
         return tuple(result)
+
+    def type_caps(
+        self, raw: object, tenant: str, type_gpus: Mapping[str, int]
+    ) -> tuple[tuple[str, int], ...]:
+        """[ours] A tenant's `cap_gpus_by_type`: GPU type -> the most GPUs of that type its jobs hold
+        together, each type one of the cluster's servers' (when servers are listed)."""
+        key = f"{tenant}.cap_gpus_by_type"
+        if raw is not MISSING and not isinstance(raw, Mapping):
+            self.fail(key, raw, "must be a table of GPU type = integer")
+        caps: list[tuple[str, int]] = []
+        for gpu_type, value in raw.items() if isinstance(raw, Mapping) else ():
+            item = _join(key, gpu_type) if gpu_type else f'{key}.""'
+            if type_gpus and gpu_type not in type_gpus:
+                known = ", ".join(sorted(type_gpus))
+                self.fail(item, value, f"unknown GPU type {gpu_type!r} (the cluster's servers have: {known})")
+            caps.append((gpu_type, self.integer(value, item, 0)))
+        return tuple(sorted(caps))
 
     def users(self, raw: object, tenants: tuple[TenantQuota, ...]) -> tuple[UserEntry, ...]:
         known = [t.name for t in tenants]

@@ -387,7 +387,20 @@ def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:
         )
         for t in tenants
     ]
-    return table(headers, rows)
+    out = table(headers, rows)
+    capped = [t for t in tenants if t.get("cap_gpus_by_type")]
+    if capped:  # [ours] caps per GPU type: what each allows and what the tenant's jobs hold of it
+        lines = ["", "", "caps per GPU type (used / cap):"]
+        for t in capped:
+            used = t.get("used_gpus_by_type") or {}
+            caps = t["cap_gpus_by_type"]
+            parts = ", ".join(
+                f"{gpu_type} {number(used.get(gpu_type, 0))} / {number(caps[gpu_type])}"
+                for gpu_type in sorted(caps)
+            )
+            lines.append(f"  {t.get('name', DASH)}: {parts}")
+        out += "\n".join(lines)
+    return out
 
 
 def usage_history_text(tenants: Sequence[Mapping[str, Any]]) -> str:

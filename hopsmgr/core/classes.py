@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import ilp
+from hopsmgr.core import ilp, typecaps
 from hopsmgr.core.assignment import Option
 from hopsmgr.core.model import Config, JobId, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
@@ -355,12 +355,15 @@ def _fill(
         for name, q in state.snapshot.tenants.items()
         if q.cap_gpus is not None
     }
+    type_left = typecaps.type_room(state.snapshot.tenants, state.tenant_type_held)
     for job_id, config in assignment.items():
         for s, g in config.parts:
             left[s] -= g
         tenant = by_id[job_id].spec.tenant if job_id in by_id else ""
         if tenant in tenant_left:
             tenant_left[tenant] -= config.gpus
+        if type_left:
+            typecaps.take(tenant, typecaps.gpus_by_type(config, state.servers), type_left)
     for view in jobs:
         if view.id in assignment or view.id not in window:
             continue
@@ -384,6 +387,13 @@ def _fill(
                 view.spec, by_type, here, state.servers, state.estimator, None, set()
             )
             candidates = [c for c in candidates if c.config.gpus <= room]
+        tenant = view.spec.tenant
+        if type_left:
+            candidates = [
+                c
+                for c in candidates
+                if typecaps.fits(tenant, typecaps.gpus_by_type(c.config, state.servers), type_left)
+            ]
         if not candidates:
             continue
         best = max(
@@ -391,8 +401,10 @@ def _fill(
         )
         for s, g in best.config.parts:
             left[s] -= g
-        if view.spec.tenant in tenant_left:
-            tenant_left[view.spec.tenant] -= best.config.gpus
+        if tenant in tenant_left:
+            tenant_left[tenant] -= best.config.gpus
+        if type_left:
+            typecaps.take(tenant, typecaps.gpus_by_type(best.config, state.servers), type_left)
         assignment[view.id] = best.config
 
 

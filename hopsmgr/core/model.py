@@ -271,12 +271,22 @@ class Attempt:
 @_fast_pickle
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
-    """A tenant's share of the cluster: guaranteed GPUs, a cap, and a priority weight."""
+    """A tenant's share of the cluster: guaranteed GPUs, a cap, a priority weight, and [ours] caps per
+    GPU type (`type_caps`: (type, most GPUs of that type the tenant's jobs may hold), sorted by type;
+    types not named are capped only by `cap_gpus`)."""
 
     name: str
     guaranteed_gpus: int = 0
     cap_gpus: int | None = None
     weight: float = 1.0
+    type_caps: tuple[tuple[GpuType, int], ...] = ()
+
+    def cap_of_type(self, gpu_type: GpuType) -> int | None:
+        """The most GPUs of `gpu_type` this tenant's jobs may hold together; None: no cap of its own."""
+        for name, cap in self.type_caps:
+            if name == gpu_type:
+                return cap
+        return None
 
 
 @_fast_pickle

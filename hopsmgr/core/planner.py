@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import configs as config_gen
-from hopsmgr.core import quota, reserve
+from hopsmgr.core import quota, reserve, typecaps
 from hopsmgr.core.admission import gpus_per_type, profiling_runs, unplaceable_reason
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import (
@@ -196,6 +196,9 @@ def _plan(
             if (q := snapshot.tenants.get(t)) is not None and q.cap_gpus is not None and n > q.cap_gpus
         }
         fixed = {jid: c for jid, c in fixed.items() if by_id[jid].spec.tenant not in over}
+        tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
+        over_type = typecaps.jobs_over_type_caps(fixed, tenant_of, snapshot.tenants, servers)
+        fixed = {jid: c for jid, c in fixed.items() if jid not in over_type}
         if quota.reclaim_wanted(snapshot.jobs, owed):  # an owner waits: borrowed GPUs lose the quantum
             lent = quota.borrowers(snapshot.jobs, owed)
             fixed = {jid: c for jid, c in fixed.items() if jid not in lent}
@@ -208,9 +211,11 @@ def _plan(
         for config in fixed.values():
             for sid, g in config.parts:
                 room[sid] -= g
+        over_type = typecaps.jobs_over_type_caps(running, tenant_of, snapshot.tenants, servers)
         for jid, c in held_res.keep.items():
             q = snapshot.tenants.get(by_id[jid].spec.tenant)
             over_cap = q is not None and q.cap_gpus is not None and running_gpus[q.name] > q.cap_gpus
+            over_cap = over_cap or jid in over_type
             if jid in fixed or over_cap or not fits_capacity(c, room):
                 continue  # (a shrunken capacity is met by _within_capacity's order, not overridden)
             fixed[jid] = c
@@ -251,6 +256,8 @@ def _plan(
     for jid, config in fixed.items():
         tenant = tenant_of[jid]
         state.tenant_held[tenant] = state.tenant_held.get(tenant, 0) + config.gpus
+    if any(q.type_caps for q in snapshot.tenants.values()):
+        state.tenant_type_held = typecaps.held_by_type(((tenant_of[j], c) for j, c in fixed.items()), servers)
     t_cfg = clock()
     window_set = {v.id for v in jobs} if kind == "fragment" else {v.id for v in window_views}
     assignment, stats, explain = _solve(
@@ -346,6 +353,9 @@ def _keep_changes_that_free_nothing(
                 continue
             if view.spec.tenant in capped and current.gpus > (new.gpus if new is not None else 0):
                 continue  # (a tenant cap row counted the new GPU count)
+            quota_of = state.snapshot.tenants.get(view.spec.tenant)
+            if typecaps.gives_up_capped_gpus(quota_of, current, new, state.servers):
+                continue  # (so did its caps per GPU type)
             returned = new.parts if new is not None else ()
             room = {sid: free.get(sid, 0) - used.get(sid, 0) for sid, _ in current.parts}
             for sid, g in returned:

@@ -19,6 +19,7 @@ from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
 from hopsmgr.core.settings import SchedulerSettings
+from hopsmgr.core.typecaps import TypeKey, gpus_by_type
 
 
 @dataclass(slots=True)
@@ -35,6 +36,8 @@ class RoundState:
     rho: dict[JobId, float]
     largest: int
     tenant_held: dict[str, int] = field(default_factory=dict)
+    # [ours] GPUs per (tenant, GPU type) held outside the program (fixed jobs), for caps per type
+    tenant_type_held: dict[TypeKey, int] = field(default_factory=dict)
     deadline: float | None = None  # on the injected timer: no solver runs past it
     # Added to every option of a running job: what dropping it would cost (`hold_values`).
     hold_value: dict[JobId, float] = field(default_factory=dict)
@@ -169,6 +172,7 @@ def build_exact_program(
     resource = {sid: r for r, sid in enumerate(server_ids)}
     capacity: list[float] = [float(free[sid]) for sid in server_ids]
     tenant_resource = tenant_resources(state, jobs, capacity)
+    type_resource = tenant_type_resources(state, jobs, capacity)
     options: list[Option] = []
     option_configs: list[Config] = []
     free_here = {sid: free[sid] for sid in server_ids}
@@ -220,6 +224,11 @@ def build_exact_program(
             uses = [(resource[sid], float(g)) for sid, g in cand.config.parts]
             if t is not None:
                 uses.append((t, float(cand.config.gpus)))
+            if type_resource:
+                for gpu_type, n in gpus_by_type(cand.config, state.servers).items():
+                    row = type_resource.get((view.spec.tenant, gpu_type))
+                    if row is not None:
+                        uses.append((row, float(n)))
             moved = current is not None and cand.config != current
             value = value_at(move_terms if moved else keep_terms, cand.rate)
             if behind and cand.config != current:
@@ -238,6 +247,21 @@ def tenant_resources(state: RoundState, jobs: Sequence[JobView], capacity: list[
         if quota is not None and quota.cap_gpus is not None:
             rows[name] = len(capacity)
             capacity.append(float(max(0, quota.cap_gpus - state.tenant_held.get(name, 0))))
+    return rows
+
+
+def tenant_type_resources(
+    state: RoundState, jobs: Sequence[JobView], capacity: list[float]
+) -> dict[TypeKey, int]:
+    """[ours] Add one capacity row per (tenant, GPU type) capped by `cap_gpus_by_type` (appended to
+    `capacity`: the cap less what the tenant's fixed jobs hold of that type); returns (tenant, type) ->
+    row."""
+    rows: dict[TypeKey, int] = {}
+    for name in sorted({v.spec.tenant for v in jobs}):
+        quota = state.snapshot.tenants.get(name)
+        for gpu_type, cap in quota.type_caps if quota is not None else ():
+            rows[(name, gpu_type)] = len(capacity)
+            capacity.append(float(max(0, cap - state.tenant_type_held.get((name, gpu_type), 0))))
     return rows
 
 

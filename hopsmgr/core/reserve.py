@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hopsmgr.core import typecaps
 from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobView, Server, ServerId
 from hopsmgr.core.plan import Backfill, Reservation
@@ -146,12 +147,15 @@ def choose(
     times: Mapping[ServerId, list[float]],
     previous: Mapping[JobId, Reservation],
     room: dict[str, int] | None = None,
+    type_room: dict[typecaps.TypeKey, int] | None = None,
 ) -> list[Reservation]:
     """The reservations of this plan, for eligible jobs in queue order, on disjoint servers. `room`:
-    GPUs each capped tenant may still take (used up here: a reservation never exceeds a cap)."""
+    GPUs each capped tenant may still take, `type_room` each (tenant, type) capped by
+    `cap_gpus_by_type` (both used up here: a reservation never exceeds a cap)."""
     if not settings.reservations:
         return []
     room = {} if room is None else room
+    type_room = {} if type_room is None else type_room
     servers = snapshot.server_map()
     budget = settings.reserve_share * sum(len(t) for t in times.values())
     taken: set[ServerId] = set()
@@ -193,6 +197,8 @@ def choose(
             if not _allowed(gpus, bool(out), budget, room.get(tenant)):
                 continue
             for gpu_type in sorted(types):
+                if not typecaps.fits(tenant, {gpu_type: gpus}, type_room):
+                    continue
                 pool = [
                     servers[sid] for sid in times if sid not in taken and servers[sid].gpu_type == gpu_type
                 ]
@@ -217,7 +223,9 @@ def choose(
                 # Some of its GPUs are out of the capacity for now (a profiling run, a checkpoint being
                 # written): they come back, and dropping the reservation would open the drained servers.
                 old_start = max(old.start_s, snapshot.now)
-            old_fits = _allowed(old.config.gpus, bool(out), budget, room.get(tenant))
+            old_fits = _allowed(old.config.gpus, bool(out), budget, room.get(tenant)) and typecaps.fits(
+                tenant, typecaps.gpus_by_type(old.config, servers), type_room
+            )
             if (
                 old_start is not None
                 and old_fits
@@ -237,6 +245,7 @@ def choose(
         budget -= config.gpus
         if tenant in room:
             room[tenant] -= config.gpus
+        typecaps.take(tenant, typecaps.gpus_by_type(config, servers), type_room)
     return out
 
 
@@ -321,8 +330,20 @@ def hold(
         return out
     servers = snapshot.server_map()
     times = free_times(snapshot, estimator, settings, capacity, running, first)
+    tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
+    type_room = typecaps.type_room(
+        snapshot.tenants, typecaps.held_by_type(((tenant_of[j], c) for j, c in running.items()), servers)
+    )
     out.reservations = choose(
-        snapshot, estimator, settings, ctx, ordered, times, previous, _tenant_room(snapshot, running)
+        snapshot,
+        estimator,
+        settings,
+        ctx,
+        ordered,
+        times,
+        previous,
+        _tenant_room(snapshot, running),
+        type_room,
     )
     idle = dict(capacity)
     on_server: dict[ServerId, list[JobId]] = {}
@@ -385,6 +406,10 @@ def backfill(
     for jid, config in assignment.items():
         if jid in tenant_of:
             used[tenant_of[jid]] = used.get(tenant_of[jid], 0) + config.gpus
+    type_room = typecaps.type_room(
+        snapshot.tenants,
+        typecaps.held_by_type(((tenant_of[j], c) for j, c in assignment.items() if j in tenant_of), servers),
+    )
     closed = dict(held.closed)
     added: dict[JobId, Config] = {}
     scanned = 0
@@ -411,6 +436,8 @@ def backfill(
             for gpus in view.spec.requirements.counts:
                 if gpus > n or (room is not None and gpus > room):
                     continue
+                if not typecaps.fits(view.spec.tenant, {servers[sid].gpu_type: gpus}, type_room):
+                    continue
                 config = Config.single(sid, gpus)
                 finish = p90_finish_s(view, config, estimator, servers, snapshot.now, settings)
                 if finish is not None and finish <= r.start_s and (best is None or finish < best[0]):
@@ -422,4 +449,5 @@ def backfill(
         held.backfills[view.id] = Backfill(r.job_id, r.start_s, finish)
         closed[config.servers[0]] -= config.gpus
         used[view.spec.tenant] = used.get(view.spec.tenant, 0) + config.gpus
+        typecaps.take(view.spec.tenant, typecaps.gpus_by_type(config, servers), type_room)
     return added

@@ -129,8 +129,12 @@ TENANT_FIELDS: dict[str, Spec] = {
     "tenant": ID,
     "guaranteed_gpus": COUNT,
     "cap_gpus": Nullable(COUNT),
+    "cap_gpus_by_type": Map(
+        COUNT, keys=TEXT, max_items=MANY, description="the most GPUs of each type its jobs may hold together"
+    ),
     "weight": Num(),
     "used_gpus": COUNT,
+    "used_gpus_by_type": Map(COUNT, keys=TEXT, max_items=MANY, description="GPUs of each type its jobs hold"),
     "borrowed_gpus": COUNT,
     "queued": COUNT,
     "running": COUNT,

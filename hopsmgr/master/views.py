@@ -342,6 +342,21 @@ def used_gpus(ctl: Controller) -> dict[str, int]:
     return used
 
 
+def used_gpus_by_type(ctl: Controller, tenant: str) -> dict[str, int]:
+    """GPUs of each type one tenant's jobs hold (profiling runs not counted)."""
+    used: dict[str, int] = {}
+    jobs, nodes = ctl.state.jobs, ctl.state.nodes
+    for a in ctl.state.attempts.values():
+        job = jobs.get(a.job_id)
+        if job is None or a.profiling or job.tenant != tenant:
+            continue
+        for node_id, gpus in a.placement.parts:
+            node = nodes.get(node_id)
+            gpu_type = node.server.gpu_type if node is not None else "unknown"
+            used[gpu_type] = used.get(gpu_type, 0) + gpus
+    return used
+
+
 def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
     quota = ctl.state.tenants.get(name)
     used = used_gpus(ctl).get(name, 0)
@@ -362,8 +377,10 @@ def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
         "tenant": name,
         "guaranteed_gpus": guaranteed,
         "cap_gpus": quota.cap_gpus if quota else None,
+        "cap_gpus_by_type": dict(quota.type_caps) if quota else {},
         "weight": quota.weight if quota else 1.0,
         "used_gpus": used,
+        "used_gpus_by_type": used_gpus_by_type(ctl, name),
         "borrowed_gpus": max(0, used - guaranteed),
         "queued": sum(1 for j in jobs if j.state == JobState.QUEUED),
         "running": sum(1 for j in jobs if j.state == JobState.RUNNING),

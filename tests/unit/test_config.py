@@ -262,6 +262,34 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ),
     ("tenant cap below", "cap_gpus = 12", "cap_gpus = 7", "tenants[0].cap_gpus", "7"),
     (
+        "type cap unknown type",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = { a100 = 2 }",
+        "tenants[0].cap_gpus_by_type.a100",
+        "2",
+    ),
+    (
+        "type cap negative",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = { v100 = -1 }",
+        "tenants[0].cap_gpus_by_type.v100",
+        "-1",
+    ),
+    (
+        "type cap fraction",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = { k80 = 1.5 }",
+        "tenants[0].cap_gpus_by_type.k80",
+        "1.5",
+    ),
+    (
+        "type caps not a table",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = 3",
+        "tenants[0].cap_gpus_by_type",
+        "3",
+    ),
+    (
         "tenant weight zero",
         "guaranteed_gpus = 4",
         "guaranteed_gpus = 4\nweight = 0",
@@ -423,3 +451,13 @@ def test_planner_settings_are_checked_naming_the_key(tmp_path: Path, key: str, v
     text = '[[servers]]\nid = "a"\ngpu_type = "v100"\ngpus = 4\n\n[master]\n' + f"{key} = {value}\n"
     with pytest.raises(ConfigError, match=rf"master\.{key}"):
         load_cluster_config(write(tmp_path, text))
+
+
+def test_caps_per_gpu_type_are_read_sorted_and_absent_by_default(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "cap_gpus = 12", "cap_gpus = 12\ncap_gpus_by_type = { v100 = 4, k80 = 0, rtx3090 = 8 }", 1
+    )
+    x, y = load_cluster_config(write(tmp_path, text)).tenants
+    assert x.type_caps == (("k80", 0), ("rtx3090", 8), ("v100", 4))
+    assert x.cap_of_type("v100") == 4 and x.cap_of_type("a100") is None
+    assert y.type_caps == ()

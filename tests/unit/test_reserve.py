@@ -284,3 +284,14 @@ def test_fragment_plans_leave_idle_backfill_to_a_held_reservation(
     plan = plan_fragments(snap(views), estimator(views), settings)
     assert bool(plan.reservations) is reservations
     assert bool(calls) is not reservations
+
+
+def test_backfill_respects_caps_per_gpu_type() -> None:
+    views = scene()
+    views[4] = waiting("short", 1, 60.0, 10.0, tenant="capped")
+    free = {"capped": TenantQuota("capped"), "default": TenantQuota("default")}
+    assert "short" in plan_round(snap(views, free), estimator(views), SETTINGS).backfills
+    gpu_type = SERVERS[0].gpu_type
+    tenants = {**free, "capped": TenantQuota("capped", type_caps=((gpu_type, 0),))}
+    plan = plan_round(snap(views, tenants), estimator(views), SETTINGS)
+    assert "short" not in plan.assignments

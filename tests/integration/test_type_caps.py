@@ -1,0 +1,45 @@
+"""Caps per GPU type on a real local cluster: a tenant allowed one GPU of the fast type runs its second
+job on the slow one, and `hopsmgr quota` shows what it holds of its capped type."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cluster import LocalCluster, Node, wait_for
+
+TENANTS = """
+[[tenants]]
+name = "vision"
+cap_gpus_by_type = { v100 = 1 }
+"""
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], tenants=TENANTS)
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+def nodes_of(cluster: LocalCluster, job_id: str) -> set[str]:
+    runs = [a for a in cluster.job(job_id)["attempts"] if not a["profiling"] and a["ended"] is None]
+    return {node for a in runs for node in a["placement"]}
+
+
+def test_a_tenant_capped_on_a_type_runs_the_rest_of_its_work_elsewhere(capped: LocalCluster) -> None:
+    jobs = [capped.submit(iters=3000, step=0.02, tenant="vision", name=f"j{i}") for i in range(2)]
+    for j in jobs:
+        capped.wait_state(j, "RUNNING", timeout=90)
+    wait_for(lambda: set().union(*(nodes_of(capped, j) for j in jobs)) == {"n1", "n2"}, 60, "one job a type")
+    (vision,) = capped.api("GET", "/api/v1/tenants")["tenants"]
+    assert vision["cap_gpus_by_type"] == {"v100": 1}
+    assert vision["used_gpus_by_type"] == {"v100": 1, "k80": 1}
+    out = capped.cli("quota").stdout
+    assert "caps per GPU type (used / cap):" in out and "vision: v100 1 / 1" in out
+    for j in jobs:
+        capped.cli("cancel", j)

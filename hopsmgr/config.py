@@ -5,50 +5,10 @@ The file is parsed once; the result (`ClusterConfig`) holds core values (`Server
 `<file>: <dotted.key>: <reason> (got <value>)`, e.g. `lab.toml: servers[2].gpus: must be an integer in
 [1, 64] (got 0)`. Unknown keys are errors everywhere, so a typo never silently falls back to a default.
 
-Schema (every table except the servers is optional)::
-
-    [cluster]
-    name = "lab"              # default: the file's stem ("cluster" when parsed inline)
-
-    [[servers]]               # one physical server
-    id = "gpu01"              # unique, [A-Za-z0-9_.-]+
-    gpu_type = "v100"         # lowercase name, [a-z0-9][a-z0-9_.-]*
-    gpus = 8                  # 1..64
-    host_model = "r740"       # optional; servers of one type and host model form a class
-    address = "10.0.0.11"     # optional, for the SSH executor (default: the id); ssh_port, ssh_user
-    order = 1                 # optional adjacency order (rack position); default: 1-based position
-    [servers.calibration]     # optional hints until the agent measures (all > 0): compute_factor,
-    compute_factor = 1.05     #   memory_factor, data_factor, link_gbps, net_gbps (GB/s)
-
-    [[server_groups]]         # many identical servers: ids are f"{prefix}{k:02d}" for k in 1..count
-    prefix = "rtx-a-"
-    count = 16                # 1..1024
-    gpu_type = "rtx3090"
-    gpus = 8
-    host_model = "A"          # optional, as for servers
-    order = 17                # optional: order of the first server, the next ones follow
-    calibration = { data_factor = 0.8 }
-
-    [scheduler]               # any field of SchedulerSettings; the TOML key for lambda_ is "lambda"
-    round_seconds = 300
-    lambda = 1.0
-
-    [master]                  # the daemon (hopsmgr master): any field of MasterSettings
-    listen = "127.0.0.1:8470" # host:port; not loopback needs TLS + tokens, or insecure = true
-    heartbeat_interval_s = 5
-
-    [[tenants]]               # none given: one tenant "default" without guarantee or cap
-    name = "vision"           # unique, [A-Za-z0-9_.-]+
-    guaranteed_gpus = 16      # >= 0, default 0; all guarantees together <= the cluster's GPUs
-    cap_gpus = 32             # optional, >= guaranteed_gpus
-    weight = 1.0              # > 0, default 1.0
-    cap_gpus_by_type = { v100 = 8 }  # optional: the most GPUs of a type its jobs hold together
-
-    [[users]]                 # optional: users seeded into the master's store at every start
-    name = "ana"              # unique, [A-Za-z0-9_.-]+
-    tenant = "vision"         # one of the tenants
-    unix_user = "ana"         # optional: the Unix account ana's jobs run as (default: none)
-    role = "user"             # user | tenant-admin | admin (default user)
+The schema, every table and key with its type, default and meaning, is in docs/configuration.md:
+`[cluster]`, `[[servers]]` and `[[server_groups]]` (at least one server), `[scheduler]` (any field of
+`SchedulerSettings`; the TOML key of `lambda_` is "lambda"), `[master]` (any field of `MasterSettings`),
+`[[tenants]]` (guarantees, caps, weights, and caps and guarantees per GPU type) and `[[users]]`.
 
 Servers from `[[servers]]` come first, then those of each `[[server_groups]]` entry in file order; a
 server's default `order` is its 1-based position in that list. Calibration hints get source "hint".
@@ -109,7 +69,14 @@ _SERVER_KEYS = (
 )
 _HOST_RE = re.compile(r"[A-Za-z0-9_.:-]+")
 _GROUP_KEYS = ("prefix", "count", "gpu_type", "gpus", "host_model", "order", "calibration")
-_TENANT_KEYS = ("name", "guaranteed_gpus", "cap_gpus", "weight", "cap_gpus_by_type")
+_TENANT_KEYS = (
+    "name",
+    "guaranteed_gpus",
+    "cap_gpus",
+    "weight",
+    "cap_gpus_by_type",
+    "guaranteed_gpus_by_type",
+)
 _USER_KEYS = ("name", "tenant", "unix_user", "role")
 _UNIX_USER_RE = re.compile(UNIX_USER_PATTERN)
 _MAX_REPR = 120
@@ -383,12 +350,11 @@ class _Parser:
             value = table.get(toml_name[field_name], defaults.get(field_name, MISSING))
             self.fail(f"{section}.{toml_name[field_name]}", value, reason)
 
-    def tenants(
-        self, raw: object, total_gpus: int, type_gpus: Mapping[str, int] | None = None
-    ) -> tuple[TenantQuota, ...]:
+    def tenants(self, raw: object, total_gpus: int, type_gpus: Mapping[str, int]) -> tuple[TenantQuota, ...]:
         result: list[TenantQuota] = []
         seen: dict[str, str] = {}
         guaranteed_sum = 0
+        type_sums: dict[str, int] = {}
         for i, item in enumerate(self.array_of_tables(raw, "tenants")):
             key = f"tenants[{i}]"
             table = self.table(item, key, _TENANT_KEYS)
@@ -407,31 +373,52 @@ class _Parser:
             if guaranteed_sum > total_gpus:
                 reason = f"guarantees add up to {guaranteed_sum}, more than the cluster's {total_gpus} GPUs"
                 self.fail(f"{key}.guaranteed_gpus", guaranteed, reason)
-            type_caps = self.type_caps(table.get("cap_gpus_by_type", MISSING), key, type_gpus or {})
-            try:
-                result.append(TenantQuota(name, guaranteed, cap, weight, type_caps))
-            except ModelError as exc:  # pragma: no cover - TenantQuota validates nothing today
-                self.fail(key, dict(table), str(exc))
+            caps = self.by_type(table, "cap_gpus_by_type", key, type_gpus)
+            owed = self.by_type(table, "guaranteed_gpus_by_type", key, type_gpus)
+            reach = sum(min(n, dict(caps).get(t, n)) for t, n in type_gpus.items())
+            if caps and guaranteed > reach:
+                self.fail(
+                    f"{key}.guaranteed_gpus",
+                    guaranteed,
+                    f"must be <= the {reach} GPUs its caps per GPU type allow",
+                )
+            for gpu_type, g in owed:
+                item = f"{key}.guaranteed_gpus_by_type.{gpu_type}"
+                limit = min(n for n in (dict(caps).get(gpu_type), cap) if n is not None) if caps or cap else g
+                if g > limit:
+                    self.fail(item, g, f"must be <= the tenant's cap ({limit})")
+                type_sums[gpu_type] = type_sums.get(gpu_type, 0) + g
+                guaranteed_sum += g
+                if type_sums[gpu_type] > type_gpus[gpu_type]:
+                    reason = f"guarantees of {gpu_type} add up to {type_sums[gpu_type]}, more than its {type_gpus[gpu_type]} GPUs"
+                    self.fail(item, g, reason)
+                if guaranteed_sum > total_gpus:
+                    self.fail(
+                        item,
+                        g,
+                        f"guarantees add up to {guaranteed_sum}, more than the cluster's {total_gpus} GPUs",
+                    )
+            result.append(TenantQuota(name, guaranteed, cap, weight, caps, owed))
         if not result:
             return (TenantQuota(DEFAULT_TENANT),)
         return tuple(result)
 
-    def type_caps(
-        self, raw: object, tenant: str, type_gpus: Mapping[str, int]
+    def by_type(
+        self, table: Mapping[str, Any], name: str, tenant_key: str, type_gpus: Mapping[str, int]
     ) -> tuple[tuple[str, int], ...]:
-        """[ours] A tenant's `cap_gpus_by_type`: GPU type -> the most GPUs of that type its jobs hold
-        together, each type one of the cluster's servers' (when servers are listed)."""
-        key = f"{tenant}.cap_gpus_by_type"
-        if raw is not MISSING and not isinstance(raw, Mapping):
+        """[ours] A tenant's `cap_gpus_by_type` or `guaranteed_gpus_by_type`: GPU type -> GPUs, each type
+        one of the cluster's servers' (hopsmgr.core.typecaps)."""
+        raw, key = table.get(name, {}), f"{tenant_key}.{name}"
+        if not isinstance(raw, Mapping):
             self.fail(key, raw, "must be a table of GPU type = integer")
-        caps: list[tuple[str, int]] = []
-        for gpu_type, value in raw.items() if isinstance(raw, Mapping) else ():
+        out: list[tuple[str, int]] = []
+        for gpu_type, value in raw.items():
             item = _join(key, gpu_type) if gpu_type else f'{key}.""'
-            if type_gpus and gpu_type not in type_gpus:
+            if gpu_type not in type_gpus:
                 known = ", ".join(sorted(type_gpus))
                 self.fail(item, value, f"unknown GPU type {gpu_type!r} (the cluster's servers have: {known})")
-            caps.append((gpu_type, self.integer(value, item, 0)))
-        return tuple(sorted(caps))
+            out.append((gpu_type, self.integer(value, item, 0)))
+        return tuple(sorted(out))
 
     def users(self, raw: object, tenants: tuple[TenantQuota, ...]) -> tuple[UserEntry, ...]:
         known = [t.name for t in tenants]

@@ -388,18 +388,15 @@ def tenants_table(tenants: Sequence[Mapping[str, Any]]) -> str:
         for t in tenants
     ]
     out = table(headers, rows)
-    capped = [t for t in tenants if t.get("cap_gpus_by_type")]
-    if capped:  # [ours] caps per GPU type: what each allows and what the tenant's jobs hold of it
-        lines = ["", "", "caps per GPU type (used / cap):"]
-        for t in capped:
-            used = t.get("used_gpus_by_type") or {}
-            caps = t["cap_gpus_by_type"]
-            parts = ", ".join(
-                f"{gpu_type} {number(used.get(gpu_type, 0))} / {number(caps[gpu_type])}"
-                for gpu_type in sorted(caps)
-            )
-            lines.append(f"  {t.get('name', DASH)}: {parts}")
-        out += "\n".join(lines)
+    for field, title in (("guaranteed_gpus_by_type", "guarantee"), ("cap_gpus_by_type", "cap")):
+        limited = [t for t in tenants if t.get(field)]
+        if limited:  # [ours] per GPU type: what each guarantees or allows and what the tenant holds of it
+            lines = ["", "", f"{title}s per GPU type (used / {title}):"]
+            for t in limited:
+                used, limit = t.get("used_gpus_by_type") or {}, t[field]
+                parts = ", ".join(f"{k} {number(used.get(k, 0))} / {number(limit[k])}" for k in sorted(limit))
+                lines.append(f"  {t.get('name', DASH)}: {parts}")
+            out += "\n".join(lines)
     return out
 
 

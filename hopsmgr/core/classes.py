@@ -33,6 +33,7 @@ from hopsmgr.core.program import (
     explain_candidates,
     job_value,
     tenant_resources,
+    tenant_type_resources,
     value_at,
     value_terms,
 )
@@ -102,7 +103,10 @@ def solve_by_classes(
     else:
         options, meta = _class_program(state, jobs, window, classes, running)
         capacity = [x for cls in classes for x in (float(cls.gpus), float(len(cls.servers)))]
-        tenant_resources(state, jobs, capacity)
+        tenant_rows = tenant_resources(state, jobs, capacity)
+        type_rows = tenant_type_resources(state, jobs, capacity)
+        if tenant_rows or type_rows:  # tenant caps, and limits per GPU type, bind the class answer too
+            options = _with_tenant_rows(state, jobs, classes, options, meta, tenant_rows, type_rows)
     t_build = clock()
     relaxed = (
         ilp.Solution({}, 0.0, None, False, "skipped", None, 0, 0, 0.0, 0.0)
@@ -329,6 +333,36 @@ def _class_program(
     return options, meta
 
 
+def _with_tenant_rows(
+    state: RoundState,
+    jobs: Sequence[JobView],
+    classes: Sequence[ServerClass],
+    options: list[Option],
+    meta: Sequence[_ClassOption],
+    tenant_rows: Mapping[str, int],
+    rows: Mapping[typecaps.TypeKey, int],
+) -> list[Option]:
+    """The class options with their uses of the tenant caps' rows (`tenant_resources`) and the type
+    limits' (`tenant_type_resources`): a class option's GPUs are all of its class's type; a pinned
+    one's are its configuration's."""
+    out: list[Option] = []
+    for option, opt in zip(options, meta, strict=True):
+        tenant = jobs[opt.job].spec.tenant
+        capped = [(tenant_rows[tenant], float(opt.gpus))] if tenant in tenant_rows else []
+        if opt.cls is not None:
+            uses_by_type = {classes[opt.cls].key[0]: opt.gpus}
+        else:
+            assert opt.pinned is not None  # an option is of a class or the pinned current configuration
+            uses_by_type = typecaps.gpus_by_type(opt.pinned, state.servers)
+        extra = capped + [
+            (row, float(uses_by_type[gpu_type]))
+            for (key, gpu_type), row in rows.items()
+            if gpu_type in uses_by_type and typecaps.applies(key, tenant)
+        ]
+        out.append(Option(option.item, option.value, option.uses + tuple(extra)) if extra else option)
+    return out
+
+
 def _value_of(state: RoundState, view: JobView, config: Config, running: Mapping[JobId, Config]) -> float:
     rate = state.estimator.config_rate(view.spec, config, state.servers) or 0.0
     return job_value(state, view, rate, moved=_moved(view.id, config, running))
@@ -355,7 +389,7 @@ def _fill(
         for name, q in state.snapshot.tenants.items()
         if q.cap_gpus is not None
     }
-    type_left = typecaps.type_room(state.snapshot.tenants, state.tenant_type_held)
+    type_left = typecaps.type_room(state.type_limits, state.tenant_type_held)
     for job_id, config in assignment.items():
         for s, g in config.parts:
             left[s] -= g

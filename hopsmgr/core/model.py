@@ -271,15 +271,17 @@ class Attempt:
 @_fast_pickle
 @dataclass(frozen=True, slots=True)
 class TenantQuota:
-    """A tenant's share of the cluster: guaranteed GPUs, a cap, a priority weight, and [ours] caps per
-    GPU type (`type_caps`: (type, most GPUs of that type the tenant's jobs may hold), sorted by type;
-    types not named are capped only by `cap_gpus`)."""
+    """A tenant's share of the cluster: guaranteed GPUs, a cap, a priority weight, and [ours] caps and
+    guarantees per GPU type (`type_caps`: (type, most GPUs of that type the tenant's jobs may hold);
+    `type_guarantees`: (type, GPUs of that type it gets back when it has work for them); both sorted by
+    type; hopsmgr.core.typecaps)."""
 
     name: str
     guaranteed_gpus: int = 0
     cap_gpus: int | None = None
     weight: float = 1.0
     type_caps: tuple[tuple[GpuType, int], ...] = ()
+    type_guarantees: tuple[tuple[GpuType, int], ...] = ()
 
     def cap_of_type(self, gpu_type: GpuType) -> int | None:
         """The most GPUs of `gpu_type` this tenant's jobs may hold together; None: no cap of its own."""

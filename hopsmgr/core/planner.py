@@ -137,6 +137,8 @@ def _plan(
             held[sid] = held.get(sid, 0) + g
 
     values, owed, ordered = queue_order(snapshot, estimator, settings)
+    owed_type = typecaps.owed_by_type(snapshot, estimator)  # guarantees per GPU type: head of the queue
+    ordered = typecaps.head_first(ordered, [v.id for v in ordered if v.id in owed or v.id in owed_type])
     weights = ilp_weights(values, settings.lambda_, settings.lambda_knee, settings.lambda_below)
     for jid in owed:
         weights[jid] *= quota.GUARANTEE_BOOST
@@ -153,6 +155,7 @@ def _plan(
     by_type = config_gen.group_by_type(usable_servers, capacity)
     largest = max((s.gpus for s in usable_servers), default=0)
     state = RoundState(snapshot, estimator, settings, servers, by_type, weights, {}, {}, largest)
+    state.type_limits = typecaps.limits(snapshot, estimator)
     # The time limit is a deadline for the whole plan, from its start; a share of it is kept for the
     # work after the solver (mapping, fill, explanations).
     state.deadline = t0 + settings.time_limit_s - min(0.1 * settings.time_limit_s, 0.5)
@@ -177,6 +180,7 @@ def _plan(
         snapshot, estimator, settings, ctx, placeable, capacity, running, previous, kind == "first"
     )
     reserved_out = held_res.out_of_program
+    tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     if kind == "first":
         # [ours] A job (re)started less than min_attempt_s plus twice its restart cost ago keeps its
         # GPUs: without this quantum, jobs started by fragment plans are preempted at the next round
@@ -196,8 +200,7 @@ def _plan(
             if (q := snapshot.tenants.get(t)) is not None and q.cap_gpus is not None and n > q.cap_gpus
         }
         fixed = {jid: c for jid, c in fixed.items() if by_id[jid].spec.tenant not in over}
-        tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
-        over_type = typecaps.jobs_over_type_caps(fixed, tenant_of, snapshot.tenants, servers)
+        over_type = typecaps.jobs_over_type_caps(fixed, tenant_of, state.type_limits, servers)
         fixed = {jid: c for jid, c in fixed.items() if jid not in over_type}
         if quota.reclaim_wanted(snapshot.jobs, owed):  # an owner waits: borrowed GPUs lose the quantum
             lent = quota.borrowers(snapshot.jobs, owed)
@@ -211,7 +214,7 @@ def _plan(
         for config in fixed.values():
             for sid, g in config.parts:
                 room[sid] -= g
-        over_type = typecaps.jobs_over_type_caps(running, tenant_of, snapshot.tenants, servers)
+        over_type = typecaps.jobs_over_type_caps(running, tenant_of, state.type_limits, servers)
         for jid, c in held_res.keep.items():
             q = snapshot.tenants.get(by_id[jid].spec.tenant)
             over_cap = q is not None and q.cap_gpus is not None and running_gpus[q.name] > q.cap_gpus
@@ -252,11 +255,10 @@ def _plan(
     for sid in held_res.closed:  # draining servers: open to backfill only
         free[sid] = 0
 
-    tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     for jid, config in fixed.items():
         tenant = tenant_of[jid]
         state.tenant_held[tenant] = state.tenant_held.get(tenant, 0) + config.gpus
-    if any(q.type_caps for q in snapshot.tenants.values()):
+    if state.type_limits:
         state.tenant_type_held = typecaps.held_by_type(((tenant_of[j], c) for j, c in fixed.items()), servers)
     t_cfg = clock()
     window_set = {v.id for v in jobs} if kind == "fragment" else {v.id for v in window_views}
@@ -334,7 +336,8 @@ def _keep_changes_that_free_nothing(
     values) or when it keeps its GPU count and gains less than `move_min_gain` in estimated throughput
     (less than the estimator's error on servers the job has not run on, and each move is paid again
     when the next plan moves it on). A job of a tenant with a cap is not kept on more GPUs than the
-    plan gave it (the cap's row counted those). Jobs in queue order; a kept job's new GPUs go back
+    plan gave it (the cap's row counted those), nor on more of a type that a limit per GPU type
+    counts it under (hopsmgr.core.typecaps). Jobs in queue order; a kept job's new GPUs go back
     to the pool, and the pass repeats until it keeps no more (a change skipped because a later-undone
     move used its GPUs frees nothing either); each job is kept at most once, so it ends."""
     used: dict[ServerId, int] = {}
@@ -353,9 +356,10 @@ def _keep_changes_that_free_nothing(
                 continue
             if view.spec.tenant in capped and current.gpus > (new.gpus if new is not None else 0):
                 continue  # (a tenant cap row counted the new GPU count)
-            quota_of = state.snapshot.tenants.get(view.spec.tenant)
-            if typecaps.gives_up_capped_gpus(quota_of, current, new, state.servers):
-                continue  # (so did its caps per GPU type)
+            if typecaps.gives_up_limited_gpus(
+                view.spec.tenant, state.type_limits, current, new, state.servers
+            ):
+                continue  # (so did the limits per GPU type)
             returned = new.parts if new is not None else ()
             room = {sid: free.get(sid, 0) - used.get(sid, 0) for sid, _ in current.parts}
             for sid, g in returned:

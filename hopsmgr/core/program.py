@@ -19,7 +19,7 @@ from hopsmgr.core.estimates import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, GpuType, JobId, JobSpec, JobView, Server, ServerId
 from hopsmgr.core.plan import CandidateView, SolverStats
 from hopsmgr.core.settings import SchedulerSettings
-from hopsmgr.core.typecaps import TypeKey, gpus_by_type
+from hopsmgr.core.typecaps import TypeKey, applies, gpus_by_type, type_room
 
 
 @dataclass(slots=True)
@@ -36,7 +36,9 @@ class RoundState:
     rho: dict[JobId, float]
     largest: int
     tenant_held: dict[str, int] = field(default_factory=dict)
-    # [ours] GPUs per (tenant, GPU type) held outside the program (fixed jobs), for caps per type
+    # [ours] the caps and active guarantees per GPU type (hopsmgr.core.typecaps.limits) and the GPUs
+    # per (tenant, type) held outside the program (fixed jobs)
+    type_limits: dict[TypeKey, int] = field(default_factory=dict)
     tenant_type_held: dict[TypeKey, int] = field(default_factory=dict)
     deadline: float | None = None  # on the injected timer: no solver runs past it
     # Added to every option of a running job: what dropping it would cost (`hold_values`).
@@ -225,10 +227,10 @@ def build_exact_program(
             if t is not None:
                 uses.append((t, float(cand.config.gpus)))
             if type_resource:
-                for gpu_type, n in gpus_by_type(cand.config, state.servers).items():
-                    row = type_resource.get((view.spec.tenant, gpu_type))
-                    if row is not None:
-                        uses.append((row, float(n)))
+                cand_types = gpus_by_type(cand.config, state.servers)
+                for (key, gpu_type), row in type_resource.items():
+                    if gpu_type in cand_types and applies(key, view.spec.tenant):
+                        uses.append((row, float(cand_types[gpu_type])))
             moved = current is not None and cand.config != current
             value = value_at(move_terms if moved else keep_terms, cand.rate)
             if behind and cand.config != current:
@@ -253,15 +255,16 @@ def tenant_resources(state: RoundState, jobs: Sequence[JobView], capacity: list[
 def tenant_type_resources(
     state: RoundState, jobs: Sequence[JobView], capacity: list[float]
 ) -> dict[TypeKey, int]:
-    """[ours] Add one capacity row per (tenant, GPU type) capped by `cap_gpus_by_type` (appended to
-    `capacity`: the cap less what the tenant's fixed jobs hold of that type); returns (tenant, type) ->
-    row."""
+    """[ours] Add one capacity row per type limit (`state.type_limits`: caps and active guarantees per
+    GPU type) that counts some of `jobs` (appended to `capacity`: the limit less what the fixed jobs it
+    counts hold of the type); returns the limit's key -> row."""
     rows: dict[TypeKey, int] = {}
-    for name in sorted({v.spec.tenant for v in jobs}):
-        quota = state.snapshot.tenants.get(name)
-        for gpu_type, cap in quota.type_caps if quota is not None else ():
-            rows[(name, gpu_type)] = len(capacity)
-            capacity.append(float(max(0, cap - state.tenant_type_held.get((name, gpu_type), 0))))
+    tenants = {v.spec.tenant for v in jobs}
+    room = type_room(state.type_limits, state.tenant_type_held)
+    for key, gpu_type in sorted(state.type_limits):
+        if any(applies(key, t) for t in tenants):
+            rows[(key, gpu_type)] = len(capacity)
+            capacity.append(float(max(0, room[(key, gpu_type)])))
     return rows
 
 

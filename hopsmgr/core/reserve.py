@@ -332,7 +332,8 @@ def hold(
     times = free_times(snapshot, estimator, settings, capacity, running, first)
     tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     type_room = typecaps.type_room(
-        snapshot.tenants, typecaps.held_by_type(((tenant_of[j], c) for j, c in running.items()), servers)
+        typecaps.limits(snapshot, estimator),
+        typecaps.held_by_type(((tenant_of[j], c) for j, c in running.items()), servers),
     )
     out.reservations = choose(
         snapshot,
@@ -407,7 +408,7 @@ def backfill(
         if jid in tenant_of:
             used[tenant_of[jid]] = used.get(tenant_of[jid], 0) + config.gpus
     type_room = typecaps.type_room(
-        snapshot.tenants,
+        typecaps.limits(snapshot, estimator),
         typecaps.held_by_type(((tenant_of[j], c) for j, c in assignment.items() if j in tenant_of), servers),
     )
     closed = dict(held.closed)

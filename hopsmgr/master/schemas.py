@@ -132,6 +132,12 @@ TENANT_FIELDS: dict[str, Spec] = {
     "cap_gpus_by_type": Map(
         COUNT, keys=TEXT, max_items=MANY, description="the most GPUs of each type its jobs may hold together"
     ),
+    "guaranteed_gpus_by_type": Map(
+        COUNT,
+        keys=TEXT,
+        max_items=MANY,
+        description="GPUs of each type it gets back when it has work for them",
+    ),
     "weight": Num(),
     "used_gpus": COUNT,
     "used_gpus_by_type": Map(COUNT, keys=TEXT, max_items=MANY, description="GPUs of each type its jobs hold"),

@@ -378,6 +378,7 @@ def tenant_view(ctl: Controller, name: str) -> dict[str, Any]:
         "guaranteed_gpus": guaranteed,
         "cap_gpus": quota.cap_gpus if quota else None,
         "cap_gpus_by_type": dict(quota.type_caps) if quota else {},
+        "guaranteed_gpus_by_type": dict(quota.type_guarantees) if quota else {},
         "weight": quota.weight if quota else 1.0,
         "used_gpus": used,
         "used_gpus_by_type": used_gpus_by_type(ctl, name),

@@ -210,3 +210,24 @@ def test_cluster_text(utc: None) -> None:
         "last_round:   2026-11-30T10:41:40+00:00 method=ilp",
         "version:      0.1.0",
     ]
+
+
+def test_tenants_table_lists_guarantees_and_caps_per_gpu_type_below() -> None:
+    tenants = [
+        {
+            "name": "vision",
+            "cap_gpus_by_type": {"v100": 2, "k80": 0},
+            "guaranteed_gpus_by_type": {"v100": 1},
+            "used_gpus_by_type": {"v100": 1},
+        },
+        {"name": "nlp", "cap_gpus_by_type": {}, "guaranteed_gpus_by_type": {}},
+    ]
+    lines = render.tenants_table(tenants).splitlines()
+    assert lines[-5:] == [
+        "guarantees per GPU type (used / guarantee):",
+        "  vision: v100 1 / 1",
+        "",
+        "caps per GPU type (used / cap):",
+        "  vision: k80 0 / 0, v100 1 / 2",
+    ]
+    assert not any("per GPU type" in line for line in render.tenants_table(tenants[1:]).splitlines())

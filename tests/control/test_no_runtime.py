@@ -203,3 +203,28 @@ def test_a_job_after_another_waits_for_it_and_is_cancelled_when_it_fails() -> No
     assert "second, which it runs after, ended FAILED" in cancelled[0].message
     assert h.machine.state.jobs == {}
     h.close()
+
+
+def test_a_job_the_caps_per_gpu_type_leave_no_room_for_is_refused_with_the_reason() -> None:
+    from hopsmgr.core.model import TenantQuota
+
+    servers = (Server("a", "v100", 4, order=1), Server("b", "k80", 2, order=2))
+    capped = (TenantQuota("default", type_caps=(("v100", 1),)),)
+    h = Harness(servers=servers, tenants=capped)  # mixed types: 1 v100 + 2 k80 at most
+    (reply,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j4", (4,)))))
+    assert reply.status == 422 and reply.error_field == "gpus"
+    assert "exceeds the 3 GPUs the tenant may hold under the caps per GPU type of tenant 'default'" in (
+        reply.error or ""
+    )
+    (ok,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j3", (3,)))))
+    assert ok.error is None
+    h.close()
+    one_type = ControlSettings(scheduler=SchedulerSettings(mixed_types=False))
+    h = Harness(servers=servers, tenants=capped, settings=one_type)
+    (reply,) = h.of(Reply, h.feed(JobSubmitted(h.stimulus(), spec("j3", (3,)))))
+    assert (
+        reply.status == 422
+        and "the largest has 2 GPUs under the caps per GPU type of tenant 'default'" in (reply.error or "")
+    )
+    assert "k80: 2, v100: 1" in (reply.error or "")
+    h.close()

@@ -43,3 +43,39 @@ def test_a_tenant_capped_on_a_type_runs_the_rest_of_its_work_elsewhere(capped: L
     assert "caps per GPU type (used / cap):" in out and "vision: v100 1 / 1" in out
     for j in jobs:
         capped.cli("cancel", j)
+
+
+OWNED = """
+[[tenants]]
+name = "vision"
+guaranteed_gpus_by_type = { v100 = 2 }
+[[tenants]]
+name = "nlp"
+"""
+
+
+@pytest.fixture
+def owned(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], tenants=OWNED)
+    try:
+        yield c.start()
+    finally:
+        c.close()
+
+
+def test_an_owner_gets_its_guaranteed_gpus_of_a_type_back_from_borrowers(owned: LocalCluster) -> None:
+    guests = [owned.submit(iters=3000, step=0.02, tenant="nlp", name=f"guest{i}") for i in range(4)]
+    for g in guests:
+        owned.wait_state(g, "RUNNING", timeout=90)
+    wait_for(lambda: all(nodes_of(owned, g) for g in guests), 60, "guests on all four GPUs")
+    owner = owned.submit(gpus="2", iters=60, step=0.02, tenant="vision", name="owner")
+    done = owned.wait_state(owner, "COMPLETED", timeout=120)
+    ran = [a for a in done["attempts"] if not a["profiling"] and a["exit_code"] == 0]
+    assert ran and set(ran[-1]["placement"]) == {"n1"}  # on the v100s it is guaranteed
+    preempted = [g for g in guests if any(h["kind"] == "preempted" for h in owned.job(g)["history"])]
+    assert len(preempted) >= 2  # the borrowers on the v100s were checkpointed, and run on
+    (vision,) = [t for t in owned.api("GET", "/api/v1/tenants")["tenants"] if t["name"] == "vision"]
+    assert vision["guaranteed_gpus_by_type"] == {"v100": 2}
+    assert "guarantees per GPU type (used / guarantee):" in owned.cli("quota").stdout
+    for g in guests:
+        owned.cli("cancel", g, check=False)

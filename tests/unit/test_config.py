@@ -283,6 +283,34 @@ BAD: list[tuple[str, str, str, str, str]] = [
         "1.5",
     ),
     (
+        "type guarantee over the type",
+        "cap_gpus = 12",
+        "cap_gpus = 12\nguaranteed_gpus_by_type = { k80 = 5 }",
+        "tenants[0].guaranteed_gpus_by_type.k80",
+        "5",
+    ),
+    (
+        "type guarantee over the cap",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = { v100 = 2 }\nguaranteed_gpus_by_type = { v100 = 3 }",
+        "tenants[0].guaranteed_gpus_by_type.v100",
+        "3",
+    ),
+    (
+        "type guarantees over the cluster",
+        "guaranteed_gpus = 4",
+        "guaranteed_gpus = 4\nguaranteed_gpus_by_type = { rtx3090 = 8, k80 = 1 }",
+        "tenants[1].guaranteed_gpus_by_type.rtx3090",
+        "8",
+    ),
+    (
+        "guarantee over the caps per type",
+        "cap_gpus = 12",
+        "cap_gpus = 12\ncap_gpus_by_type = { v100 = 0, rtx3090 = 2 }",
+        "tenants[0].guaranteed_gpus",
+        "8",
+    ),
+    (
         "type caps not a table",
         "cap_gpus = 12",
         "cap_gpus = 12\ncap_gpus_by_type = 3",
@@ -461,3 +489,9 @@ def test_caps_per_gpu_type_are_read_sorted_and_absent_by_default(tmp_path: Path)
     assert x.type_caps == (("k80", 0), ("rtx3090", 8), ("v100", 4))
     assert x.cap_of_type("v100") == 4 and x.cap_of_type("a100") is None
     assert y.type_caps == ()
+
+
+def test_guarantees_per_gpu_type_are_read_sorted(tmp_path: Path) -> None:
+    text = GOOD.replace('name = "y"', 'name = "y"\nguaranteed_gpus_by_type = { v100 = 2, k80 = 1 }', 1)
+    _, y = load_cluster_config(write(tmp_path, text)).tenants
+    assert y.type_guarantees == (("k80", 1), ("v100", 2))

@@ -295,3 +295,14 @@ def test_backfill_respects_caps_per_gpu_type() -> None:
     tenants = {**free, "capped": TenantQuota("capped", type_caps=((gpu_type, 0),))}
     plan = plan_round(snap(views, tenants), estimator(views), SETTINGS)
     assert "short" not in plan.assignments
+
+
+def test_two_backfills_of_one_tenant_share_its_cap_per_gpu_type() -> None:
+    views = scene()
+    views[4] = waiting("short", 1, 60.0, 10.0, tenant="capped")
+    views.append(waiting("short2", 1, 60.0, 10.0, tenant="capped"))
+    free = {"capped": TenantQuota("capped"), "default": TenantQuota("default")}
+    assert {"short", "short2"} <= set(plan_round(snap(views, free), estimator(views), SETTINGS).backfills)
+    tenants = {**free, "capped": TenantQuota("capped", type_caps=((SERVERS[0].gpu_type, 1),))}
+    plan = plan_round(snap(views, tenants), estimator(views), SETTINGS)
+    assert sum(1 for j in ("short", "short2") if j in plan.assignments) <= 1

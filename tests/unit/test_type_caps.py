@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hopsmgr.core import classes as class_model
 from hopsmgr.core import typecaps
 from hopsmgr.core.model import Config, JobView, Server, TenantQuota
 from hopsmgr.core.planner import plan_fragments, plan_round
@@ -128,15 +129,16 @@ def test_a_reservation_keeps_the_caps_per_type() -> None:
     st.integers(16, 64),
     st.integers(0, 30),
     st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
+    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(1, 8), max_size=2),
     st.sampled_from(SOLVERS),
 )
-def test_first_plans_never_exceed_a_cap_per_type(
-    seed: int, gpus: int, queued: int, caps: dict[str, int], solver: str
+def test_first_plans_keep_every_cap_and_active_guarantee_per_type(
+    seed: int, gpus: int, queued: int, caps: dict[str, int], owed: dict[str, int], solver: str
 ) -> None:
     inst = busy_instance(seed, gpus, queued)
     tenants = {
         "vision": TenantQuota("vision", type_caps=tuple(sorted(caps.items()))),
-        "nlp": TenantQuota("nlp"),
+        "nlp": TenantQuota("nlp", type_guarantees=tuple(sorted(owed.items()))),
     }
     snap = replace(inst.snapshot, tenants=tenants)
     plan = plan_round(snap, inst.estimator, SchedulerSettings(solver=solver))  # type: ignore[arg-type]
@@ -144,6 +146,13 @@ def test_first_plans_never_exceed_a_cap_per_type(
     use = typecaps.held_by_type(((tenant_of[j], c) for j, c in plan.assignments.items()), snap.server_map())
     for gpu_type, cap in caps.items():
         assert use.get(("vision", gpu_type), 0) <= cap, (gpu_type, cap)
+    total: dict[str, int] = {}
+    for server in snap.servers:
+        total[server.gpu_type] = total.get(server.gpu_type, 0) + server.gpus
+    wanted = {key for key in typecaps.owed_by_type(snap, inst.estimator).values()}
+    for _, gpu_type in wanted:  # the others leave the guaranteed GPUs of the type free for nlp
+        others = sum(n for (t, k), n in use.items() if k == gpu_type and t != "nlp")
+        assert others <= max(0, total[gpu_type] - owed[gpu_type]), (gpu_type, others)
 
 
 def test_the_helpers() -> None:
@@ -151,15 +160,233 @@ def test_the_helpers() -> None:
     assert typecaps.gpus_by_type(C(f0=2, f1=1, s0=3), servers) == {"F": 3, "S": 3}
     quota = TenantQuota("lab", type_caps=(("F", 2),))
     assert quota.cap_of_type("F") == 2 and quota.cap_of_type("S") is None
-    room = typecaps.type_room({"lab": quota}, {("lab", "F"): 3})
+    limits = {("lab", "F"): 2}
+    room = typecaps.type_room(limits, {("lab", "F"): 3, ("other", "F"): 4})
     assert room == {("lab", "F"): -1}
-    assert typecaps.over_a_type_cap("lab", room) == {"F"}
     assert typecaps.fits("lab", {"S": 8}, room) and not typecaps.fits("lab", {"F": 1}, {("lab", "F"): 0})
+    assert typecaps.fits("other", {"F": 8}, room)  # the cap counts its own tenant only
     typecaps.take("lab", {"F": 2, "S": 1}, room)
     assert room == {("lab", "F"): -3}
     placed = {"a": C(f0=2), "b": C(f1=1), "c": C(s0=4)}
     tenant_of = {"a": "lab", "b": "lab", "c": "lab"}
-    assert typecaps.jobs_over_type_caps(placed, tenant_of, {"lab": quota}, servers) == {"a", "b"}
-    assert typecaps.gives_up_capped_gpus(quota, C(f0=2), C(s0=2), servers)
-    assert not typecaps.gives_up_capped_gpus(quota, C(s0=2), C(s1=2), servers)
-    assert not typecaps.gives_up_capped_gpus(TenantQuota("x"), C(f0=2), None, servers)
+    assert typecaps.jobs_over_type_caps(placed, tenant_of, limits, servers) == {"a", "b"}
+    assert typecaps.gives_up_limited_gpus("lab", limits, C(f0=2), C(s0=2), servers)
+    assert not typecaps.gives_up_limited_gpus("lab", limits, C(s0=2), C(s1=2), servers)
+    assert not typecaps.gives_up_limited_gpus("x", limits, C(f0=2), None, servers)
+    # a guarantee's limit counts every tenant but its owner
+    others = {("!lab", "F"): 4}
+    room = typecaps.type_room(others, {("lab", "F"): 3, ("a", "F"): 2, ("b", "F"): 3})
+    assert room == {("!lab", "F"): -1}
+    assert typecaps.fits("lab", {"F": 8}, room) and not typecaps.fits("a", {"F": 1}, room)
+    assert typecaps.applies("!lab", "a") and not typecaps.applies("!lab", "lab")
+
+
+# --- guarantees per GPU type ----------------------------------------------------------------------------
+
+
+def borrowed_fast(young: bool) -> list[JobView]:
+    """Four 2-GPU jobs of tenant "guest" holding every GPU of the fast type."""
+    attempt = 10.0 if young else 5_000.0
+    return [
+        JobView(
+            spec(f"g{k}", 2, tenant="guest"),
+            running_s=attempt,
+            attempt_s=attempt,
+            current=Config.single(f"f{k // 2}", 2),
+        )
+        for k in range(4)
+    ]
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+@pytest.mark.parametrize("young", [False, True])
+def test_an_owner_with_work_waiting_gets_its_guaranteed_gpus_of_a_type_back(solver: str, young: bool) -> None:
+    servers = fast_and_slow()
+    guests = borrowed_fast(young)
+    owner = JobView(spec("o", 2, tenant="owner"), waited_s=10.0)
+    est = profiled(*guests, owner, types=("F", "S"))
+    tenants = {"owner": TenantQuota("owner", type_guarantees=(("F", 4),)), "guest": TenantQuota("guest")}
+    tenant_of = {v.id: v.spec.tenant for v in [*guests, owner]}
+    settings_ = SchedulerSettings(solver=solver)  # type: ignore[arg-type]
+
+    alone = plan_round(snapshot(servers, guests, tenants=tenants), est, settings_)
+    assert held(alone.assignments, servers, tenant_of)[("guest", "F")] == 8  # borrowing while unwanted
+
+    plan = plan_round(snapshot(servers, [*guests, owner], tenants=tenants), est, settings_)
+    assert plan.order[0] == "o"  # the owner's waiting job heads the queue
+    use = held(plan.assignments, servers, tenant_of)
+    assert use.get(("guest", "F"), 0) <= 4  # protected or not, borrowers give the guaranteed GPUs back
+    assert plan.assignments["o"].servers[0].startswith("f")
+
+    no_guarantee = {"owner": TenantQuota("owner"), "guest": TenantQuota("guest")}
+    if young:  # without the guarantee, the young attempts keep their GPUs
+        plain = plan_round(snapshot(servers, [*guests, owner], tenants=no_guarantee), est, settings_)
+        assert held(plain.assignments, servers, tenant_of)[("guest", "F")] == 8
+
+
+def test_an_owner_within_its_guarantee_of_a_type_asks_for_nothing_more() -> None:
+    servers = fast_and_slow()
+    mine = JobView(spec("m", 4, tenant="owner"), running_s=5_000.0, attempt_s=5_000.0, current=C(f0=4))
+    guests = [JobView(spec("g", 4, tenant="guest"), running_s=5_000.0, attempt_s=5_000.0, current=C(f1=4))]
+    more = JobView(spec("o", 2, tenant="owner"), waited_s=10.0)
+    snap = snapshot(
+        servers,
+        [mine, *guests, more],
+        tenants={"owner": TenantQuota("owner", type_guarantees=(("F", 4),)), "guest": TenantQuota("guest")},
+    )
+    est = profiled(mine, *guests, more, types=("F", "S"))
+    assert typecaps.limits(snap, est) == {}  # it holds its 4: no limit on the others
+    assert typecaps.owed_by_type(snap, est) == {}
+    plan = plan_round(snap, est, SchedulerSettings(solver="exact"))
+    assert plan.assignments["g"] == C(f1=4)
+
+
+# --- every guard, one by one (from the review) ----------------------------------------------------------
+
+
+def use_of(plan_assignments: dict[str, Config], views: list[JobView], servers: list[Server]) -> dict:
+    return held(plan_assignments, servers, {v.id: v.spec.tenant for v in views})
+
+
+def test_two_reservations_of_one_tenant_share_its_cap() -> None:
+    servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(4)]
+    views = [JobView(spec(f"b{k}", 8, tenant="lab"), waited_s=1e6) for k in range(2)]
+    est = profiled(*views, types=("F",))
+    on = SchedulerSettings(
+        solver="exact", reservations=True, reserve_min_gpus=8, reserve_after_lr=0.0, reserve_share=1.0
+    )
+    assert len(plan_round(snapshot(servers, views), est, on).reservations) == 2
+    tenants = {"lab": TenantQuota("lab", type_caps=(("F", 8),))}
+    plan = plan_round(snapshot(servers, views, tenants=tenants), est, on)
+    assert use_of(plan.assignments, views, servers).get(("lab", "F"), 0) <= 8
+
+
+def test_draining_jobs_of_a_tenant_over_its_cap_are_not_kept() -> None:
+    servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(2)]
+    running = [
+        JobView(
+            spec(f"r{k}", 4, tenant="lab"),
+            running_s=600.0,
+            attempt_s=600.0,
+            current=Config.single(f"f{k}", 4),
+        )
+        for k in range(2)
+    ]
+    big = JobView(spec("big", 8, tenant="other"), waited_s=1e6)
+    est = profiled(*running, big, types=("F",))
+    drain = SchedulerSettings(
+        solver="exact", reservations=True, reserve_min_gpus=8, reserve_after_lr=0.0, reserve_preempt=False
+    )
+    free = plan_round(snapshot(servers, [*running, big]), est, drain)
+    assert [r.job_id for r in free.reservations] == ["big"] and set(free.assignments) == {"r0", "r1"}
+    tenants = {"lab": TenantQuota("lab", type_caps=(("F", 4),)), "other": TenantQuota("other")}
+    plan = plan_round(snapshot(servers, [*running, big], tenants=tenants), est, drain)
+    assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) <= 4
+
+
+def test_the_fill_charges_what_it_places(monkeypatch: pytest.MonkeyPatch) -> None:
+    servers = fast_and_slow()
+    views = [JobView(spec(f"t{k}", 1, tenant="lab"), waited_s=100.0 * (k + 1)) for k in range(4)]
+    est = profiled(*views, types=("F", "S"))
+    monkeypatch.setattr(class_model, "SMALL_PROGRAM", -1)
+    monkeypatch.setattr(class_model, "_refinement_scope", lambda *a: ({}, None))  # all to the fill
+    tenants = {"lab": TenantQuota("lab", type_caps=(("F", 1),))}
+    plan = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver="classes"))
+    assert len(plan.assignments) == 4
+    assert use_of(plan.assignments, views, servers).get(("lab", "F"), 0) <= 1
+
+
+@pytest.mark.parametrize("class_lp", [False, True])
+def test_the_class_program_knows_the_caps_per_type(monkeypatch: pytest.MonkeyPatch, class_lp: bool) -> None:
+    """A first-ranked tenant capped off the fast type, a second one free to use it: as many jobs run
+    as in the exact program, with the class program solved (a large cluster's rounds) or skipped."""
+    if class_lp:
+        monkeypatch.setattr(class_model, "SMALL_PROGRAM", -1)
+    servers = fast_and_slow()
+    lab = [JobView(spec(f"l{k}", 4, tenant="lab"), waited_s=1e5) for k in range(2)]
+    other = [JobView(spec(f"o{k}", 4, tenant="other"), waited_s=100.0) for k in range(2)]
+    views = lab + other
+    est = profiled(*views, types=("F", "S"))
+    tenants = {"lab": TenantQuota("lab", type_caps=(("F", 0),)), "other": TenantQuota("other")}
+    exact = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver="exact"))
+    plan = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver="classes"))
+    assert len(plan.assignments) == len(exact.assignments) == 4
+    assert use_of(plan.assignments, views, servers).get(("lab", "F"), 0) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(0, 10_000),
+    st.integers(16, 64),
+    st.integers(0, 30),
+    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
+    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
+    st.sampled_from(SOLVERS),
+    st.sampled_from(["first", "fragment"]),
+    st.floats(0.0, 1.0),
+    st.integers(2, 8),
+)
+def test_caps_per_type_hold_with_reservations_on(
+    seed: int,
+    gpus: int,
+    queued: int,
+    caps_v: dict[str, int],
+    caps_n: dict[str, int],
+    solver: str,
+    kind: str,
+    busy: float,
+    min_res: int,
+) -> None:
+    inst = busy_instance(seed, gpus, queued, busy_fraction=busy)
+    tenants = {
+        "vision": TenantQuota("vision", type_caps=tuple(sorted(caps_v.items()))),
+        "nlp": TenantQuota("nlp", type_caps=tuple(sorted(caps_n.items()))),
+    }
+    snap = replace(inst.snapshot, tenants=tenants)
+    on = SchedulerSettings(solver=solver, reservations=True, reserve_min_gpus=min_res, reserve_after_lr=0.0)  # type: ignore[arg-type]
+    # reservations made without the caps are the next plan's `previous`
+    uncapped = replace(inst.snapshot, tenants={"vision": TenantQuota("vision"), "nlp": TenantQuota("nlp")})
+    previous = {r.job_id: r for r in plan_round(uncapped, inst.estimator, on).reservations}
+    plan = (plan_round if kind == "first" else plan_fragments)(snap, inst.estimator, on, None, previous)
+    smap = snap.server_map()
+    tenant_of = {v.id: v.spec.tenant for v in snap.jobs}
+    use = typecaps.held_by_type(((tenant_of[j], c) for j, c in plan.assignments.items()), smap)
+    running = typecaps.held_by_type(
+        ((v.spec.tenant, v.current) for v in snap.jobs if v.current is not None), smap
+    )
+    reserved = dict(running)
+    for r in plan.reservations:
+        for gpu_type, n in typecaps.gpus_by_type(r.config, smap).items():
+            key = (tenant_of[r.job_id], gpu_type)
+            reserved[key] = reserved.get(key, 0) + n
+    for tenant, caps in (("vision", caps_v), ("nlp", caps_n)):
+        for gpu_type, cap in caps.items():
+            held_now = running.get((tenant, gpu_type), 0)
+            limit = cap if kind == "first" else max(cap, held_now)  # a fragment plan keeps what runs
+            assert use.get((tenant, gpu_type), 0) <= limit, (kind, tenant, gpu_type)
+            assert reserved.get((tenant, gpu_type), 0) <= max(cap, held_now), (
+                "reservations",
+                tenant,
+                gpu_type,
+            )
+
+
+@pytest.mark.parametrize("class_lp", [False, True])
+def test_the_class_solver_keeps_a_tenant_cap_and_places_what_the_exact_one_does(
+    monkeypatch: pytest.MonkeyPatch, class_lp: bool
+) -> None:
+    """The same with a tenant's total cap (`cap_gpus`), whose rows the class program's options now use
+    too (here the fill would make up for them: this checks the answer, not the rows)."""
+    if class_lp:
+        monkeypatch.setattr(class_model, "SMALL_PROGRAM", -1)
+    servers = fast_and_slow()
+    lab = [JobView(spec(f"l{k}", 4, tenant="lab"), waited_s=1e5) for k in range(2)]
+    other = [JobView(spec(f"o{k}", 2, tenant="other"), waited_s=100.0) for k in range(4)]
+    views = lab + other
+    est = profiled(*views, types=("F", "S"))
+    tenants = {"lab": TenantQuota("lab", cap_gpus=4), "other": TenantQuota("other")}
+    exact = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver="exact"))
+    plan = plan_round(snapshot(servers, views, tenants=tenants), est, SchedulerSettings(solver="classes"))
+    assert len(exact.assignments) == 5  # one lab job (its cap) and the four others
+    assert len(plan.assignments) == 5
+    assert sum(c.gpus for j, c in plan.assignments.items() if j.startswith("l")) == 4

@@ -24,7 +24,10 @@ EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "emulated_train
 CONFIG: dict[str, Any] = {
     "cluster": {"name": "dashboard"},
     "servers": [{"id": "n1", "gpu_type": "v100", "gpus": 2}, {"id": "n2", "gpu_type": "k80", "gpus": 2}],
-    "tenants": [{"name": "vision", "guaranteed_gpus": 2}, {"name": "nlp", "cap_gpus": 3}],
+    "tenants": [
+        {"name": "vision", "guaranteed_gpus": 2},
+        {"name": "nlp", "cap_gpus": 3, "cap_gpus_by_type": {"k80": 2}},
+    ],
     "scheduler": {"round_seconds": 2, "profiling_iterations": 10},
     "master": {"heartbeat_interval_s": 0.5, "suspect_after_s": 3, "lost_after_s": 8},
 }

@@ -58,6 +58,7 @@ def test_a_script_may_send_a_bearer_token(dash: Dash) -> None:
     api = dash.api("GET", "/api/v1/tenants", token=dash.tokens["bo"])["tenants"]
     assert page.status == 200 and [t["name"] for t in api] == ["nlp"]
     assert ">nlp<" in page.text and ">vision<" not in page.text
+    assert re.search(r"<td>k80 \d+ used, cap 2</td>", page.text), page.text  # the cap per GPU type
     assert 'name="csrf"' not in page.text  # no forms without a session
     denied = b.request("GET", "/ui/queue", headers={"Authorization": "Bearer " + "y" * 43})
     assert denied.status == 401 and "unknown token" in denied.text

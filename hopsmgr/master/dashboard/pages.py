@@ -303,11 +303,36 @@ def tenants(data: Data, who: Principal, csrf: str | None, now: float, history: H
                 str(t["borrowed_gpus"]),
                 str(t["queued"]),
                 str(t["running"]),
+                _per_type(t),
             )
         )
         charts.append(sparkline(history.series(t["name"]), f"{t['name']}: GPUs used"))
-    headers = ("Tenant", "Guaranteed", "Cap", "Weight", "Used", "Borrowed", "Queued", "Running")
+    headers = (
+        "Tenant",
+        "Guaranteed",
+        "Cap",
+        "Weight",
+        "Used",
+        "Borrowed",
+        "Queued",
+        "Running",
+        "Per GPU type",
+    )
     return f"<h1>Tenants</h1>{table(headers, rows, 'tenants')}<h2>Usage over time</h2>{''.join(charts)}"
+
+
+def _per_type(t: Data) -> str:
+    """[ours] A tenant's guarantees and caps per GPU type with what it holds of each: "v100 1 used,
+    guaranteed 2, cap 4"; "–" without any."""
+    owed, caps = t.get("guaranteed_gpus_by_type") or {}, t.get("cap_gpus_by_type") or {}
+    used = t.get("used_gpus_by_type") or {}
+    parts = []
+    for gpu_type in sorted(set(owed) | set(caps)):
+        text = f"{gpu_type} {used.get(gpu_type, 0)} used"
+        text += f", guaranteed {owed[gpu_type]}" if gpu_type in owed else ""
+        text += f", cap {caps[gpu_type]}" if gpu_type in caps else ""
+        parts.append(e(text))
+    return "; ".join(parts) or "–"
 
 
 def scheduler(data: Data, who: Principal, csrf: str | None, now: float, history: History) -> str:

@@ -382,11 +382,17 @@ class _Parser:
                     guaranteed,
                     f"must be <= the {reach} GPUs its caps per GPU type allow",
                 )
+            owed_sum = 0
             for gpu_type, g in owed:
                 item = f"{key}.guaranteed_gpus_by_type.{gpu_type}"
-                limit = min(n for n in (dict(caps).get(gpu_type), cap) if n is not None) if caps or cap else g
-                if g > limit:
-                    self.fail(item, g, f"must be <= the tenant's cap ({limit})")
+                type_cap = dict(caps).get(gpu_type)
+                if type_cap is not None and g > type_cap:
+                    self.fail(item, g, f"must be <= cap_gpus_by_type.{gpu_type} ({type_cap})")
+                owed_sum += g
+                if cap is not None and owed_sum > cap:
+                    self.fail(
+                        item, g, f"guarantees per GPU type add up to {owed_sum}, more than cap_gpus ({cap})"
+                    )
                 type_sums[gpu_type] = type_sums.get(gpu_type, 0) + g
                 guaranteed_sum += g
                 if type_sums[gpu_type] > type_gpus[gpu_type]:

@@ -137,7 +137,7 @@ def _plan(
             held[sid] = held.get(sid, 0) + g
 
     values, owed, ordered = queue_order(snapshot, estimator, settings)
-    owed_type = typecaps.owed_by_type(snapshot, estimator)  # guarantees per GPU type: head of the queue
+    type_limits, owed_type = typecaps.plan_limits(snapshot, estimator)  # owed per GPU type: queue head
     ordered = typecaps.head_first(ordered, [v.id for v in ordered if v.id in owed or v.id in owed_type])
     weights = ilp_weights(values, settings.lambda_, settings.lambda_knee, settings.lambda_below)
     for jid in owed:
@@ -155,7 +155,7 @@ def _plan(
     by_type = config_gen.group_by_type(usable_servers, capacity)
     largest = max((s.gpus for s in usable_servers), default=0)
     state = RoundState(snapshot, estimator, settings, servers, by_type, weights, {}, {}, largest)
-    state.type_limits = typecaps.limits(snapshot, estimator)
+    state.type_limits = type_limits
     # The time limit is a deadline for the whole plan, from its start; a share of it is kept for the
     # work after the solver (mapping, fill, explanations).
     state.deadline = t0 + settings.time_limit_s - min(0.1 * settings.time_limit_s, 0.5)
@@ -177,7 +177,16 @@ def _plan(
     total = sum(capacity.values())
     window_views = service_window(placeable, total, settings.window)
     held_res = reserve.hold(
-        snapshot, estimator, settings, ctx, placeable, capacity, running, previous, kind == "first"
+        snapshot,
+        estimator,
+        settings,
+        ctx,
+        placeable,
+        capacity,
+        running,
+        previous,
+        kind == "first",
+        type_limits,
     )
     reserved_out = held_res.out_of_program
     tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
@@ -200,7 +209,7 @@ def _plan(
             if (q := snapshot.tenants.get(t)) is not None and q.cap_gpus is not None and n > q.cap_gpus
         }
         fixed = {jid: c for jid, c in fixed.items() if by_id[jid].spec.tenant not in over}
-        over_type = typecaps.jobs_over_type_caps(fixed, tenant_of, state.type_limits, servers)
+        over_type = typecaps.jobs_over_type_caps(fixed, tenant_of, type_limits, servers)
         fixed = {jid: c for jid, c in fixed.items() if jid not in over_type}
         if quota.reclaim_wanted(snapshot.jobs, owed):  # an owner waits: borrowed GPUs lose the quantum
             lent = quota.borrowers(snapshot.jobs, owed)
@@ -214,7 +223,7 @@ def _plan(
         for config in fixed.values():
             for sid, g in config.parts:
                 room[sid] -= g
-        over_type = typecaps.jobs_over_type_caps(running, tenant_of, state.type_limits, servers)
+        over_type = typecaps.jobs_over_type_caps(running, tenant_of, type_limits, servers)
         for jid, c in held_res.keep.items():
             q = snapshot.tenants.get(by_id[jid].spec.tenant)
             over_cap = q is not None and q.cap_gpus is not None and running_gpus[q.name] > q.cap_gpus
@@ -270,7 +279,14 @@ def _plan(
     assignment.update(fixed)
     assignment.update(
         reserve.backfill(
-            held_res, snapshot, estimator, settings, ordered, assignment, {v.id for v in placeable}
+            held_res,
+            snapshot,
+            estimator,
+            settings,
+            ordered,
+            assignment,
+            {v.id for v in placeable},
+            type_limits,
         )
     )
     used: dict[ServerId, int] = {}

@@ -50,71 +50,92 @@ def applies(key: str, tenant: str) -> bool:
 
 
 def limits(snapshot: ClusterSnapshot, estimator: Estimator | None = None) -> dict[TypeKey, int]:
-    """The type limits of this instant: every cap per type, and every guarantee per type whose tenant
-    holds fewer GPUs of the type than guaranteed and has a waiting job with a rate there (from
-    `estimator`; without one, any waiting job) whose smallest count fits the shortfall."""
+    """The type limits of this instant (`plan_limits`' first part)."""
+    return plan_limits(snapshot, estimator)[0]
+
+
+def plan_limits(
+    snapshot: ClusterSnapshot, estimator: Estimator | None = None
+) -> tuple[dict[TypeKey, int], dict[JobId, TypeKey]]:
+    """The type limits of this instant, and the waiting jobs owed GPUs under a guarantee per type
+    (job -> (tenant, type)).
+
+    Every cap per type is a limit. A guarantee of G GPUs of type T protects P = min(G, held + owed)
+    of them: `held` the GPUs of T the owner's jobs hold, `owed` the smallest counts of its waiting
+    jobs, by submit time, that fit the rest of the guarantee (and of its caps), can run on T (a rate
+    there, the transfer prior's included, through `estimator`; without one, any job) and fit T's usable
+    GPUs. While P > 0, the other tenants together may hold at most T's usable GPUs less P: the
+    owner's jobs within the guarantee keep their GPUs, and its owed jobs get room there (the owed jobs
+    also head the queue)."""
+    guaranteed = {name: q.type_guarantees for name, q in snapshot.tenants.items() if q.type_guarantees}
     out: dict[TypeKey, int] = {}
     for name, quota in snapshot.tenants.items():
         for gpu_type, cap in quota.type_caps:
             out[(name, gpu_type)] = cap
-    owed = owed_by_type(snapshot, estimator)
-    if owed:
-        total: dict[GpuType, int] = {}
-        for server in snapshot.servers:
-            total[server.gpu_type] = total.get(server.gpu_type, 0) + server.gpus
-        for name, gpu_type in {key for key in owed.values()}:
-            guaranteed = dict(snapshot.tenants[name].type_guarantees)[gpu_type]
-            out[(OTHERS + name, gpu_type)] = max(0, total.get(gpu_type, 0) - guaranteed)
-    return out
-
-
-def owed_by_type(snapshot: ClusterSnapshot, estimator: Estimator | None = None) -> dict[JobId, TypeKey]:
-    """The waiting jobs within their tenant's shortfall under a guarantee per type (job -> (tenant,
-    type)), by submit time: they go to the head of the queue, and make the guarantee's limit active."""
-    guaranteed = {name: q.type_guarantees for name, q in snapshot.tenants.items() if q.type_guarantees}
     if not guaranteed:
-        return {}
-    short = _shortfalls(snapshot, guaranteed, snapshot.server_map())
-    out: dict[JobId, TypeKey] = {}
+        return out, {}
+    servers = snapshot.server_map()
+    usable: dict[GpuType, int] = {}
+    largest: dict[GpuType, int] = {}
+    for sid, n in snapshot.capacity.items():
+        if sid in servers and n > 0:
+            gpu_type = servers[sid].gpu_type
+            usable[gpu_type] = usable.get(gpu_type, 0) + n
+            largest[gpu_type] = max(largest.get(gpu_type, 0), n)
+    running = [(v.spec.tenant, v.current) for v in snapshot.jobs if v.current is not None]
+    known = [(t, c) for t, c in running if all(sid in servers for sid in c.servers)]
+    held = held_by_type(((t, c) for t, c in known if t in guaranteed), servers)
+    total_held: dict[str, int] = {}
+    for tenant, config in known:
+        total_held[tenant] = total_held.get(tenant, 0) + config.gpus
+    room: dict[TypeKey, int] = {}
+    for name, pairs in guaranteed.items():
+        quota = snapshot.tenants[name]
+        for gpu_type, g in pairs:
+            left = g - held.get((name, gpu_type), 0)
+            type_cap = quota.cap_of_type(gpu_type)
+            if type_cap is not None:
+                left = min(left, type_cap - held.get((name, gpu_type), 0))
+            if quota.cap_gpus is not None:
+                left = min(left, quota.cap_gpus - total_held.get(name, 0))
+            room[(name, gpu_type)] = left
+    owed: dict[JobId, TypeKey] = {}
     waiting = sorted(
         (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
     )
+    minimum = {v.id: v.spec.requirements.minimum for v in waiting}
     for view in waiting:
-        for gpu_type in sorted(t for (name, t) in short if name == view.spec.tenant):
+        for gpu_type in sorted(t for (name, t) in room if name == view.spec.tenant):
             key = (view.spec.tenant, gpu_type)
             need = view.spec.requirements.minimum
-            if need <= short[key] and _runs_on(view, gpu_type, estimator):
-                out[view.id] = key
-                short[key] -= need
+            fits_type = need <= (largest if view.spec.one_server else usable).get(gpu_type, 0)
+            if need <= room[key] and fits_type and _runs_on(view, gpu_type, servers, estimator):
+                owed[view.id] = key
+                room[key] -= need
                 break
-    return out
+    for name, pairs in guaranteed.items():
+        for gpu_type, g in pairs:
+            wanted = sum(minimum[j] for j, key in owed.items() if key == (name, gpu_type))
+            protected = min(g, held.get((name, gpu_type), 0) + wanted)
+            if protected > 0:
+                out[(OTHERS + name, gpu_type)] = max(0, usable.get(gpu_type, 0) - protected)
+    return out, owed
 
 
-def _shortfalls(
-    snapshot: ClusterSnapshot,
-    guaranteed: Mapping[str, tuple[tuple[GpuType, int], ...]],
-    servers: Mapping[ServerId, Server],
-) -> dict[TypeKey, int]:
-    held = held_by_type(
-        (
-            (v.spec.tenant, v.current)
-            for v in snapshot.jobs
-            if v.current is not None and v.spec.tenant in guaranteed
-        ),
-        servers,
-    )
-    return {
-        (name, gpu_type): g - held.get((name, gpu_type), 0)
-        for name, pairs in guaranteed.items()
-        for gpu_type, g in pairs
-        if held.get((name, gpu_type), 0) < g
-    }
+def owed_by_type(snapshot: ClusterSnapshot, estimator: Estimator | None = None) -> dict[JobId, TypeKey]:
+    """The waiting jobs owed GPUs under a guarantee per type (`plan_limits`' second part)."""
+    return plan_limits(snapshot, estimator)[1]
 
 
-def _runs_on(view: JobView, gpu_type: GpuType, estimator: Estimator | None) -> bool:
+def _runs_on(
+    view: JobView, gpu_type: GpuType, servers: Mapping[ServerId, Server], estimator: Estimator | None
+) -> bool:
     if estimator is None:
         return True
-    rate = estimator.type_rate(view.spec, gpu_type)
+    server = next((s for s in servers.values() if s.gpu_type == gpu_type), None)
+    if server is None:
+        return False
+    rate = estimator.per_gpu_rate(view.spec, server, 1, 1)
     return rate is not None and rate > 0
 
 
@@ -150,7 +171,8 @@ def jobs_over_type_caps(
     servers: Mapping[ServerId, Server],
 ) -> frozenset[JobId]:
     """The jobs of `placed` (job -> configuration) counted by a limit that `placed` as a whole exceeds,
-    on its type: such jobs lose their protection (a cap, or an owner's guarantee, beats the quantum)."""
+    on its type: such jobs lose their protection (a cap, or an owner's guarantee, beats the quantum;
+    jobs within their own tenant's `guaranteed_gpus` keep their place by its weight boost)."""
     if not limits_now:
         return frozenset()
     held = held_by_type(((tenant_of[jid], c) for jid, c in placed.items()), servers)

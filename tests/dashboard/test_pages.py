@@ -103,3 +103,13 @@ def test_the_job_pages_throughput_shows_the_detail_per_placement_and_ended_jobs_
         "n1×1": ["n1×1", "–", "–", "0", "–", "100.0"],
         "n3×1": ["n3×1", "–", "–", "0", "–", "50.0"],
     }, rows
+
+
+def test_the_tenants_page_shows_guarantees_and_caps_per_gpu_type() -> None:
+    tenant = {
+        "guaranteed_gpus_by_type": {"v100": 2},
+        "cap_gpus_by_type": {"v100": 4, "k80": 0},
+        "used_gpus_by_type": {"v100": 3},
+    }
+    assert pages._per_type(tenant) == "k80 0 used, cap 0; v100 3 used, guaranteed 2, cap 4"
+    assert pages._per_type({"guaranteed_gpus_by_type": {}, "cap_gpus_by_type": {}}) == "–"

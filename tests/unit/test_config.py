@@ -297,6 +297,27 @@ BAD: list[tuple[str, str, str, str, str]] = [
         "3",
     ),
     (
+        "type guarantee beside a cap on another type",
+        "guaranteed_gpus = 4",
+        "guaranteed_gpus = 4\ncap_gpus_by_type = { k80 = 1 }\nguaranteed_gpus_by_type = { v100 = 4, k80 = 2 }",
+        "tenants[1].guaranteed_gpus_by_type.k80",
+        "2",
+    ),
+    (
+        "type guarantees over cap_gpus",
+        "cap_gpus = 12",
+        "cap_gpus = 12\nguaranteed_gpus_by_type = { v100 = 2, k80 = 4, rtx3090 = 7 }",
+        "tenants[0].guaranteed_gpus_by_type.v100",
+        "2",
+    ),
+    (
+        "type guarantee with a zero cap",
+        "guaranteed_gpus = 4",
+        "guaranteed_gpus = 0\ncap_gpus = 0\nguaranteed_gpus_by_type = { v100 = 1 }",
+        "tenants[1].guaranteed_gpus_by_type.v100",
+        "1",
+    ),
+    (
         "type guarantees over the cluster",
         "guaranteed_gpus = 4",
         "guaranteed_gpus = 4\nguaranteed_gpus_by_type = { rtx3090 = 8, k80 = 1 }",

@@ -17,13 +17,18 @@ cap_gpus_by_type = { v100 = 1 }
 """
 
 
-@pytest.fixture
-def capped(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], tenants=TENANTS)
+def two_types(root: Path, tenants: str) -> Iterator[LocalCluster]:
+    """A local cluster of two nodes, 2 v100s and 2 k80s (half as fast), with these tenants."""
+    c = LocalCluster(root, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], tenants=tenants)
     try:
         yield c.start()
     finally:
         c.close()
+
+
+@pytest.fixture
+def capped(tmp_path: Path) -> Iterator[LocalCluster]:
+    yield from two_types(tmp_path, TENANTS)
 
 
 def nodes_of(cluster: LocalCluster, job_id: str) -> set[str]:
@@ -56,11 +61,7 @@ name = "nlp"
 
 @pytest.fixture
 def owned(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path, [Node("n1", "v100", 2, 1.0), Node("n2", "k80", 2, 0.5)], tenants=OWNED)
-    try:
-        yield c.start()
-    finally:
-        c.close()
+    yield from two_types(tmp_path, OWNED)
 
 
 def test_an_owner_gets_its_guaranteed_gpus_of_a_type_back_from_borrowers(owned: LocalCluster) -> None:

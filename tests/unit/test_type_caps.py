@@ -20,6 +20,13 @@ from tests.unit._planner_helpers import PROFILE, C, profiled, snapshot, spec, sr
 SOLVERS = ["exact", "classes"]
 
 
+def per_type(low: int, high: int, size: int) -> st.SearchStrategy[dict[str, int]]:
+    """Tables of GPU type (those of `busy_instance`'s servers) -> a number of GPUs."""
+    return st.dictionaries(
+        st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(low, high), max_size=size
+    )
+
+
 def fast_and_slow() -> list[Server]:
     """Two servers of a fast type F, two of a slow type S, 4 GPUs each."""
     return [
@@ -28,6 +35,13 @@ def fast_and_slow() -> list[Server]:
         srv("s0", 4, 1.0, gpu_type="S", order=2),
         srv("s1", 4, 1.0, gpu_type="S", order=3),
     ]
+
+
+def holding(job_id: str, tenant: str, config: Config, attempt_s: float = 600.0) -> JobView:
+    """A job of `tenant` running on `config` (all its GPUs) for `attempt_s`."""
+    return JobView(
+        spec(job_id, config.gpus, tenant=tenant), running_s=attempt_s, attempt_s=attempt_s, current=config
+    )
 
 
 def held(assignments: dict[str, Config], servers: list[Server], tenant_of: dict[str, str]) -> dict:
@@ -103,15 +117,7 @@ def test_a_fragment_plan_counts_running_jobs_against_the_cap() -> None:
 def test_a_reservation_keeps_the_caps_per_type() -> None:
     # A big job past its reservation threshold, and a tenant capped at 0 on the only type big enough.
     servers = [srv(f"f{k}", 4, 3.0, gpu_type="F", order=k) for k in range(2)]
-    running = [
-        JobView(
-            spec(f"r{k}", 4, tenant="other"),
-            running_s=600.0,
-            attempt_s=600.0,
-            current=Config.single(f"f{k}", 4),
-        )
-        for k in range(2)
-    ]
+    running = [holding(f"r{k}", "other", Config.single(f"f{k}", 4)) for k in range(2)]
     big = JobView(spec("big", 8, tenant="lab"), waited_s=1e6)
     est = profiled(*running, big, types=("F",))
     on = SchedulerSettings(solver="exact", reservations=True, reserve_min_gpus=8, reserve_after_lr=0.0)
@@ -128,8 +134,8 @@ def test_a_reservation_keeps_the_caps_per_type() -> None:
     st.integers(0, 10_000),
     st.integers(16, 64),
     st.integers(0, 30),
-    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
-    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(1, 8), max_size=2),
+    per_type(0, 12, 3),
+    per_type(1, 8, 2),
     st.sampled_from(SOLVERS),
 )
 def test_first_plans_keep_every_cap_and_active_guarantee_per_type(
@@ -272,15 +278,7 @@ def test_two_reservations_of_one_tenant_share_its_cap() -> None:
 
 def test_draining_jobs_of_a_tenant_over_its_cap_are_not_kept() -> None:
     servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(2)]
-    running = [
-        JobView(
-            spec(f"r{k}", 4, tenant="lab"),
-            running_s=600.0,
-            attempt_s=600.0,
-            current=Config.single(f"f{k}", 4),
-        )
-        for k in range(2)
-    ]
+    running = [holding(f"r{k}", "lab", Config.single(f"f{k}", 4)) for k in range(2)]
     big = JobView(spec("big", 8, tenant="other"), waited_s=1e6)
     est = profiled(*running, big, types=("F",))
     drain = SchedulerSettings(
@@ -328,8 +326,8 @@ def test_the_class_program_knows_the_caps_per_type(monkeypatch: pytest.MonkeyPat
     st.integers(0, 10_000),
     st.integers(16, 64),
     st.integers(0, 30),
-    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
-    st.dictionaries(st.sampled_from(("a100", "v100", "p100", "k80")), st.integers(0, 12), max_size=3),
+    per_type(0, 12, 3),
+    per_type(0, 12, 3),
     st.sampled_from(SOLVERS),
     st.sampled_from(["first", "fragment"]),
     st.floats(0.0, 1.0),
@@ -457,16 +455,22 @@ def test_a_guarantee_per_type_beside_a_general_one_does_not_rotate_their_jobs() 
     assert run_rounds(servers, views, tenants, 10) <= 1  # the borrower c gives way to b, once
 
 
-def test_no_gpus_are_kept_for_a_job_the_type_or_the_owners_caps_cannot_take() -> None:
-    servers = [
-        srv("f0", 8, 3.0, gpu_type="F", order=0),
+def one_fast_two_slow(fast_gpus: int) -> list[Server]:
+    return [
+        srv("f0", fast_gpus, 3.0, gpu_type="F", order=0),
         srv("s0", 4, 1.0, gpu_type="S", order=1),
         srv("s1", 4, 1.0, gpu_type="S", order=2),
     ]
-    guests = [
-        JobView(spec(f"g{k}", 4, tenant="guest"), running_s=5e3, attempt_s=5e3, current=C(**{f"s{k}": 4}))
-        for k in range(2)
-    ]
+
+
+def slow_guests() -> list[JobView]:
+    """Two long-running 4-GPU jobs of tenant "guest" holding both slow servers."""
+    return [holding(f"g{k}", "guest", Config.single(f"s{k}", 4), attempt_s=5e3) for k in range(2)]
+
+
+def test_no_gpus_are_kept_for_a_job_the_type_or_the_owners_caps_cannot_take() -> None:
+    servers = one_fast_two_slow(8)
+    guests = slow_guests()
     wide = JobView(
         replace(spec("o", 8, tenant="owner"), one_server=True), waited_s=50.0
     )  # no S server holds 8
@@ -485,15 +489,8 @@ def test_no_gpus_are_kept_for_a_job_the_type_or_the_owners_caps_cannot_take() ->
 
 def test_a_job_not_profiled_on_the_type_is_owed_by_its_transfer_estimate() -> None:
     """The type was full of borrowers when the owner's job came: it was profiled elsewhere only."""
-    servers = [
-        srv("f0", 4, 3.0, gpu_type="F", order=0),
-        srv("s0", 4, 1.0, gpu_type="S", order=1),
-        srv("s1", 4, 1.0, gpu_type="S", order=2),
-    ]
-    guests = [
-        JobView(spec(f"g{k}", 4, tenant="guest"), running_s=5e3, attempt_s=5e3, current=C(**{f"s{k}": 4}))
-        for k in range(2)
-    ]
+    servers = one_fast_two_slow(4)
+    guests = slow_guests()
     busy = JobView(spec("x", 4, tenant="guest"), running_s=10.0, attempt_s=10.0, current=C(f0=4))
     owner = JobView(spec("o", 4, tenant="owner"), waited_s=50.0)
     est = profiled(*guests, busy, types=("F", "S"))

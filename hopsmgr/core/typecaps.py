@@ -2,11 +2,11 @@
 
 Both become *type limits*, each a capacity row on the GPUs of one type held by some tenants' jobs:
 - a cap: row (tenant, type), the tenant's own jobs, at most its cap;
-- a guarantee of G GPUs of a type, while the tenant holds fewer and has a waiting job that could run
-  there within the shortfall: row ("!" + tenant, type), every *other* tenant's jobs, at most the type's
-  GPUs less G. Other tenants borrow those GPUs freely while the owner does not want them; when it does,
-  the borrowers over the row lose their protection and the plan checkpoints them (as a tenant's own
-  `guaranteed_gpus` reclaims borrowed GPUs), and the owner's waiting job goes to the head of the queue.
+- a guarantee of G GPUs of a type protects P = min(G, what the owner's jobs hold there + the smallest
+  counts of its owed waiting jobs): while P > 0, row ("!" + tenant, type), every *other* tenant's jobs,
+  at most the type's usable GPUs less P. The owner's jobs within the guarantee keep their GPUs;
+  borrowers over the row lose their protection and the plan checkpoints them; owed jobs head the
+  queue. Otherwise the others borrow the type freely (`plan_limits`).
 
 Pure helpers for every place of the planner that enforces tenant caps (the program's rows, the fill of
 idle GPUs, protected and kept jobs, reservations and backfill). Tenant names cannot hold "!".
@@ -14,6 +14,7 @@ idle GPUs, protected and kept jobs, reservations and backfill). Tenant names can
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from hopsmgr.core.estimates import Estimator
@@ -75,43 +76,56 @@ def plan_limits(
     if not guaranteed:
         return out, {}
     servers = snapshot.server_map()
+    capacity = snapshot.capacity
     usable: dict[GpuType, int] = {}
     largest: dict[GpuType, int] = {}
-    for sid, n in snapshot.capacity.items():
+    for sid, n in capacity.items():
         if sid in servers and n > 0:
-            gpu_type = servers[sid].gpu_type
+            gpu_type, n = servers[sid].gpu_type, min(n, servers[sid].gpus)
             usable[gpu_type] = usable.get(gpu_type, 0) + n
             largest[gpu_type] = max(largest.get(gpu_type, 0), n)
-    running = [(v.spec.tenant, v.current) for v in snapshot.jobs if v.current is not None]
-    known = [(t, c) for t, c in running if all(sid in servers for sid in c.servers)]
-    held = held_by_type(((t, c) for t, c in known if t in guaranteed), servers)
-    total_held: dict[str, int] = {}
-    for tenant, config in known:
-        total_held[tenant] = total_held.get(tenant, 0) + config.gpus
+
+    def runs(config: Config | None) -> bool:  # as the planner takes running jobs: on usable GPUs
+        return config is not None and all(
+            sid in servers and capacity.get(sid, 0) >= g for sid, g in config.parts
+        )
+
+    running = [(v.spec.tenant, v.current) for v in snapshot.jobs if v.current is not None and runs(v.current)]
+    held = held_by_type(((t, c) for t, c in running if t in guaranteed), servers)
+    cap_left: dict[str, float] = {}
+    for name in guaranteed:
+        total_cap = snapshot.tenants[name].cap_gpus
+        cap_left[name] = (
+            math.inf if total_cap is None else total_cap - sum(c.gpus for t, c in running if t == name)
+        )
+    # What each type can still give owed jobs once every owner keeps what it holds within its guarantee.
+    budget = dict(usable)
     room: dict[TypeKey, int] = {}
     for name, pairs in guaranteed.items():
         quota = snapshot.tenants[name]
         for gpu_type, g in pairs:
-            left = g - held.get((name, gpu_type), 0)
+            have = held.get((name, gpu_type), 0)
+            budget[gpu_type] = budget.get(gpu_type, 0) - min(g, have)
             type_cap = quota.cap_of_type(gpu_type)
-            if type_cap is not None:
-                left = min(left, type_cap - held.get((name, gpu_type), 0))
-            if quota.cap_gpus is not None:
-                left = min(left, quota.cap_gpus - total_held.get(name, 0))
-            room[(name, gpu_type)] = left
+            room[(name, gpu_type)] = min(g, type_cap if type_cap is not None else g) - have
     owed: dict[JobId, TypeKey] = {}
+    # Waiting jobs, and running ones the planner will not keep where they are (their GPUs left the capacity).
     waiting = sorted(
-        (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
+        (v for v in snapshot.jobs if v.spec.tenant in guaranteed and not runs(v.current)),
+        key=lambda v: (v.spec.submit_time, v.id),
     )
     minimum = {v.id: v.spec.requirements.minimum for v in waiting}
     for view in waiting:
-        for gpu_type in sorted(t for (name, t) in room if name == view.spec.tenant):
-            key = (view.spec.tenant, gpu_type)
-            need = view.spec.requirements.minimum
+        name, need = view.spec.tenant, view.spec.requirements.minimum
+        for gpu_type in sorted(t for (n, t) in room if n == name):
+            key = (name, gpu_type)
             fits_type = need <= (largest if view.spec.one_server else usable).get(gpu_type, 0)
-            if need <= room[key] and fits_type and _runs_on(view, gpu_type, servers, estimator):
+            fits = need <= min(room[key], budget.get(gpu_type, 0), cap_left[name]) and fits_type
+            if fits and _runs_on(view, gpu_type, servers, estimator):
                 owed[view.id] = key
                 room[key] -= need
+                budget[gpu_type] -= need
+                cap_left[name] -= need
                 break
     for name, pairs in guaranteed.items():
         for gpu_type, g in pairs:
@@ -187,22 +201,23 @@ def jobs_over_type_caps(
     )
 
 
-def gives_up_limited_gpus(
-    tenant: str,
-    limits_now: Mapping[TypeKey, int],
-    current: Config,
-    new: Config | None,
-    servers: Mapping[ServerId, Server],
-) -> bool:
-    """Whether a change from `current` to `new` (None: preempted) holds fewer GPUs of a type under a
-    limit that counts `tenant`: the program's rows counted the new placement, so keeping the old one
-    could break the limit."""
-    types = {gpu_type for key, gpu_type in limits_now if applies(key, tenant)}
-    if not types:
-        return False
+def change_back(
+    current: Config, new: Config | None, servers: Mapping[ServerId, Server]
+) -> dict[GpuType, int]:
+    """GPUs per type that keeping `current` instead of `new` (None: preempted) holds more (or, negative,
+    fewer) than the plan."""
     before = gpus_by_type(current, servers)
     after = gpus_by_type(new, servers) if new is not None else {}
-    return any(before.get(gpu_type, 0) > after.get(gpu_type, 0) for gpu_type in types)
+    return {t: before.get(t, 0) - after.get(t, 0) for t in before.keys() | after.keys()}
+
+
+def merged(*held: Mapping[TypeKey, int]) -> dict[TypeKey, int]:
+    """The sum of GPUs held per (tenant, type)."""
+    out: dict[TypeKey, int] = {}
+    for part in held:
+        for key, n in part.items():
+            out[key] = out.get(key, 0) + n
+    return out
 
 
 def head_first(ordered: list[JobView], first: Iterable[JobId]) -> list[JobView]:

@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from hopsmgr.core import classes as class_model
 from hopsmgr.core import typecaps
+from hopsmgr.core.keepchanges import keep_changes_that_free_nothing
 from hopsmgr.core.model import Calibration, Config, JobView, Server, TenantQuota
 from hopsmgr.core.planner import plan_fragments, plan_round
+from hopsmgr.core.program import RoundState
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
 from tests.unit._planner_helpers import PROFILE, C, profiled, snapshot, spec, srv
@@ -184,9 +186,9 @@ def test_the_helpers() -> None:
     placed = {"a": C(f0=2), "b": C(f1=1), "c": C(s0=4)}
     tenant_of = {"a": "lab", "b": "lab", "c": "lab"}
     assert typecaps.jobs_over_type_caps(placed, tenant_of, limits, servers) == {"a", "b"}
-    assert typecaps.gives_up_limited_gpus("lab", limits, C(f0=2), C(s0=2), servers)
-    assert not typecaps.gives_up_limited_gpus("lab", limits, C(s0=2), C(s1=2), servers)
-    assert not typecaps.gives_up_limited_gpus("x", limits, C(f0=2), None, servers)
+    assert typecaps.change_back(C(f0=2), C(s0=2), servers) == {"F": 2, "S": -2}
+    assert typecaps.change_back(C(f0=2), None, servers) == {"F": 2}
+    assert typecaps.merged({("a", "F"): 1}, {("a", "F"): 2, ("b", "S"): 1}) == {("a", "F"): 3, ("b", "S"): 1}
     # a guarantee's limit counts every tenant but its owner
     others = {("!lab", "F"): 4}
     room = typecaps.type_room(others, {("lab", "F"): 3, ("a", "F"): 2, ("b", "F"): 3})
@@ -516,3 +518,78 @@ def test_a_fragment_plan_keeps_room_for_the_owner() -> None:
     tenants = {"owner": TenantQuota("owner", type_guarantees=(("S", 8),)), "guest": TenantQuota("guest")}
     plan = plan_fragments(snapshot(servers, [mine, more, guest], tenants=tenants), est, settings_)
     assert "g" not in plan.assignments and plan.assignments["o"] == C(s1=4)
+
+
+def test_two_guarantees_on_a_type_with_servers_down_leave_no_type_idle() -> None:
+    """(From the second review: two owners guaranteed 4 of S each, and half of S down: each row used
+    to forbid the other owner's jobs, and S stood idle round after round.)"""
+    servers = [srv("s0", 4, gpu_type="S", order=0), srv("s1", 4, gpu_type="S", order=1)]
+    a = holding("a", "A", C(s0=4), attempt_s=3000.0)
+    b = JobView(spec("b", 4, tenant="B"), waited_s=100.0)
+    tenants = {
+        "A": TenantQuota("A", type_guarantees=(("S", 4),)),
+        "B": TenantQuota("B", type_guarantees=(("S", 4),)),
+    }
+    snap = snapshot(servers, [a, b], capacity={"s0": 4, "s1": 0}, tenants=tenants)
+    est = profiled(a, b, types=("S",))
+    assert typecaps.plan_limits(snap, est) == ({("!A", "S"): 0}, {})  # no room owed to B: A keeps s0
+    plan = plan_round(snap, est, SchedulerSettings(solver="exact"))
+    assert plan.assignments == {"a": C(s0=4)}
+
+
+def test_a_guests_job_is_kept_where_the_owner_leaves_room() -> None:
+    """(From the second review: with the owner holding GPUs of the type, a guest's job the solver left
+    out was no longer kept, though the row had room for it.)"""
+    servers = [srv("s1", 4, gpu_type="S"), srv("s2", 4, gpu_type="S", order=1)]
+    guest = holding("r", "guest", C(s1=1), attempt_s=5000.0)
+    owner = holding("o", "owner", C(s2=1), attempt_s=5000.0)
+    est = profiled(guest, owner, types=("S",))
+    tenants = {"owner": TenantQuota("owner", type_guarantees=(("S", 4),)), "guest": TenantQuota("guest")}
+    state = replace(
+        RoundState(
+            snapshot(servers, [guest, owner], tenants=tenants),
+            est,
+            SchedulerSettings(),
+            {s.id: s for s in servers},
+            {},
+            {},
+            {},
+            {},
+            4,
+        ),
+        type_limits={("!owner", "S"): 7},
+    )
+    assignment = {"o": C(s2=1)}  # the program left r out for nothing
+    keep_changes_that_free_nothing(
+        state, [guest, owner], {"s1": 4, "s2": 4}, {"r": C(s1=1), "o": C(s2=1)}, assignment
+    )
+    assert assignment["r"] == C(s1=1)
+    state = replace(state, type_limits={("!owner", "S"): 0})  # no room: it is not kept
+    assignment = {"o": C(s2=1)}
+    keep_changes_that_free_nothing(
+        state, [guest, owner], {"s1": 4, "s2": 4}, {"r": C(s1=1), "o": C(s2=1)}, assignment
+    )
+    assert "r" not in assignment
+
+
+def test_the_owners_total_cap_is_shared_by_its_guarantees_on_several_types() -> None:
+    servers = [
+        srv("s0", 4, gpu_type="S", order=0),
+        srv("f0", 4, gpu_type="F", order=1),
+        srv("v0", 8, gpu_type="V", order=2),
+    ]
+    views = [
+        holding("ov", "owner", C(v0=8), attempt_s=3000.0),
+        JobView(spec("os", 4, tenant="owner"), waited_s=100.0),
+        JobView(spec("of", 4, tenant="owner"), waited_s=90.0),
+        holding("g1", "guest", C(s0=4), attempt_s=3000.0),
+        holding("g2", "guest", C(f0=4), attempt_s=3000.0),
+    ]
+    est = profiled(*views, types=("S", "F", "V"))
+    tenants = {
+        "owner": TenantQuota("owner", cap_gpus=12, type_guarantees=(("F", 4), ("S", 4))),
+        "guest": TenantQuota("guest"),
+    }
+    limits, owed = typecaps.plan_limits(snapshot(servers, views, tenants=tenants), est)
+    assert len(owed) == 1  # the cap leaves room for one of the two waiting jobs
+    assert len([key for key in limits if key[0] == "!owner"]) == 1

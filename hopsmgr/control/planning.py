@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
-from hopsmgr.core import quota
+from hopsmgr.core import quota, typecaps
 from hopsmgr.core.estimator import Estimator
 from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobSpec
 from hopsmgr.core.plan import SolverStats
@@ -167,7 +167,8 @@ def compute_plan(request: PlanRequest, policy: Policy, estimator: Estimator, tim
 
 
 def fallback_plan(request: PlanRequest, estimator: Estimator, why: str) -> PlanReady:
-    """Keep what runs; place waiting, profiled jobs first-fit (oldest first) at their smallest count."""
+    """Keep what runs; place waiting, profiled jobs first-fit (oldest first) at their smallest count,
+    within the tenants' caps and the limits per GPU type."""
     snapshot = request.snapshot
     free = dict(snapshot.capacity)
     assignments: dict[JobId, Config] = {}
@@ -180,14 +181,36 @@ def fallback_plan(request: PlanRequest, estimator: Estimator, why: str) -> PlanR
     waiting = sorted(
         (v for v in snapshot.jobs if v.current is None), key=lambda v: (v.spec.submit_time, v.id)
     )
+    # Tenant caps, and caps and guarantees per GPU type, hold here too: what runs counts against them.
+    held: dict[str, int] = {}
+    for view in snapshot.jobs:
+        if view.current is not None:
+            held[view.spec.tenant] = held.get(view.spec.tenant, 0) + view.current.gpus
+    servers = snapshot.server_map()
+    placed = (
+        (v.spec.tenant, v.current)
+        for v in snapshot.jobs
+        if v.current is not None and all(sid in servers for sid in v.current.servers)
+    )
+    type_room = typecaps.type_room(
+        typecaps.limits(snapshot, estimator), typecaps.held_by_type(placed, servers)
+    )
     for view in waiting:
         profiled = estimator.profiled_types(view.id)
-        need = view.spec.requirements.minimum
+        need, tenant = view.spec.requirements.minimum, view.spec.tenant
+        cap = snapshot.tenants[tenant].cap_gpus if tenant in snapshot.tenants else None
+        if cap is not None and held.get(tenant, 0) + need > cap:
+            continue
         for server in snapshot.servers:
-            if by_type[server.id] in profiled and free.get(server.id, 0) >= need:
-                assignments[view.id] = Config.single(server.id, need)
-                free[server.id] -= need
-                break
+            if by_type[server.id] not in profiled or free.get(server.id, 0) < need:
+                continue
+            if not typecaps.fits(tenant, {by_type[server.id]: need}, type_room):
+                continue
+            assignments[view.id] = Config.single(server.id, need)
+            free[server.id] -= need
+            held[tenant] = held.get(tenant, 0) + need
+            typecaps.take(tenant, {by_type[server.id]: need}, type_room)
+            break
     stats = SolverStats(method="fallback", model="none", proven=False, fallback=why)
     plan = Plan(
         request.kind, snapshot.now, assignments, stats=stats, idle_gpus=sum(max(0, f) for f in free.values())

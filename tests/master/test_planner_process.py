@@ -12,7 +12,7 @@ import pytest
 
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.planning import compute_plan, fallback_plan
-from hopsmgr.core.model import ClusterSnapshot
+from hopsmgr.core.model import ClusterSnapshot, TenantQuota
 from hopsmgr.core.scenario import busy_instance
 from hopsmgr.core.settings import SchedulerSettings
 from hopsmgr.master.planner_process import PlannerProcess, dumps_request, interned, loads_request
@@ -156,3 +156,23 @@ def test_successive_requests_to_one_worker_give_the_inline_plans() -> None:
         inline = compute_plan(request_of(s, i), HopsPolicy(settings), inst.estimator, time.perf_counter)
         assert ready.plan.stats.method != "fallback"  # type: ignore[attr-defined]
         assert ready.plan.assignments == inline.plan.assignments  # type: ignore[attr-defined]
+
+
+def test_the_fallback_keeps_tenant_caps_and_caps_per_gpu_type() -> None:
+    inst = busy_instance(9, 64, 40)
+    types = sorted({s.gpu_type for s in inst.snapshot.servers})
+    tenants = {
+        "vision": TenantQuota("vision", cap_gpus=0),
+        "nlp": TenantQuota("nlp", type_caps=((types[0], 0),)),
+    }
+    free = fallback_plan(request_of(inst.snapshot), inst.estimator, "test").plan
+    snap = replace(inst.snapshot, tenants=tenants)
+    plan = fallback_plan(request_of(snap), inst.estimator, "test").plan
+    waiting = {v.id: v for v in snap.jobs if v.current is None}
+    placed_free = [j for j in free.assignments if j in waiting]
+    assert any(waiting[j].spec.tenant == "vision" for j in placed_free)  # without the caps it places them
+    servers = snap.server_map()
+    for job_id, config in plan.assignments.items():
+        if job_id in waiting:
+            assert waiting[job_id].spec.tenant != "vision"
+            assert servers[config.servers[0]].gpu_type != types[0] or waiting[job_id].spec.tenant != "nlp"

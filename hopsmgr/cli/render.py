@@ -264,6 +264,13 @@ def explain_text(doc: Mapping[str, Any]) -> str:
             f"guaranteed {number(quota.get('guaranteed_gpus'))}, cap {number(quota.get('cap_gpus'))}, "
             f"borrowed {number(quota.get('borrowed_gpus'))}"
         )
+        used = quota.get("used_gpus_by_type") or {}
+        for field, word in (("guaranteed_gpus_by_type", "guaranteed"), ("cap_gpus_by_type", "cap")):
+            limits = quota.get(field) or {}
+            if limits:  # [ours] per GPU type: what the tenant holds of each against its limit
+                quota_line += f"; {word} per type " + ", ".join(
+                    f"{t} {number(used.get(t, 0))}/{number(limits[t])}" for t in sorted(limits)
+                )
     last = doc.get("round") or {}
     round_line = DASH
     if last:

@@ -147,7 +147,14 @@ def test_explain_marks_the_chosen_configuration(utc: None) -> None:
     # a waiting job's position counts waiting jobs only; the window counts the running ones it holds
     outside = render.explain_text({**doc, "position": 2, "in_window": False, "window": 3})
     assert "outside it (the window holds 3 jobs, running ones included)" in outside
-    assert "  quota:          tenant nlp: uses 8 GPUs, guaranteed 8, cap 16, borrowed 0" in text
+    assert "  quota:          tenant nlp: uses 8 GPUs, guaranteed 8, cap 16, borrowed 0\n" in text
+    per_type = {
+        "cap_gpus_by_type": {"v100": 4},
+        "guaranteed_gpus_by_type": {"k80": 2},
+        "used_gpus_by_type": {"v100": 3},
+    }
+    capped = render.explain_text({**doc, "quota": {**doc["quota"], **per_type}})
+    assert "borrowed 0; guaranteed per type k80 0/2; cap per type v100 3/4\n" in capped
     assert "  last round:     2026-11-30T10:41:40+00:00 (periodic, ilp, proven optimal)" in text
     assert text.splitlines()[-3:] == [
         "       CONFIG     RATE    VALUE",

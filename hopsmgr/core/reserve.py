@@ -320,7 +320,7 @@ def hold(
     running: Mapping[JobId, Config],
     previous: Mapping[JobId, Reservation],
     first: bool,
-    type_limits: Mapping[typecaps.TypeKey, int] | None = None,
+    type_limits: Mapping[typecaps.TypeKey, int],
 ) -> Held:
     """Choose the reservations and say, per reservation, whether its job starts now (its GPUs are idle)
     or its servers drain: their running jobs are kept (in a first plan, those that overran the
@@ -333,7 +333,7 @@ def hold(
     times = free_times(snapshot, estimator, settings, capacity, running, first)
     tenant_of = {v.id: v.spec.tenant for v in snapshot.jobs}
     type_room = typecaps.type_room(
-        typecaps.limits(snapshot, estimator) if type_limits is None else type_limits,
+        type_limits,
         typecaps.held_by_type(((tenant_of[j], c) for j, c in running.items()), servers),
     )
     out.reservations = choose(
@@ -396,7 +396,7 @@ def backfill(
     ordered: Sequence[JobView],
     assignment: Mapping[JobId, Config],
     placeable: Collection[JobId],
-    type_limits: Mapping[typecaps.TypeKey, int] | None = None,
+    type_limits: Mapping[typecaps.TypeKey, int],
 ) -> dict[JobId, Config]:
     """Waiting jobs, in queue order, onto the idle GPUs of draining servers, each on one server at the
     count whose P90 finish is earliest, if that falls before the reservation's start (recorded in
@@ -410,7 +410,7 @@ def backfill(
         if jid in tenant_of:
             used[tenant_of[jid]] = used.get(tenant_of[jid], 0) + config.gpus
     type_room = typecaps.type_room(
-        typecaps.limits(snapshot, estimator) if type_limits is None else type_limits,
+        type_limits,
         typecaps.held_by_type(((tenant_of[j], c) for j, c in assignment.items() if j in tenant_of), servers),
     )
     closed = dict(held.closed)

@@ -65,14 +65,16 @@ def choose_profiling(
         profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
     )
     owed = _under_guarantee(snapshot)
+    owed_of_type = _under_type_guarantee(snapshot)
     starved = [
         j
         for j in _starving(request, runs)
-        if snapshot.now - j.submit_time >= _starved_s(request) or j.tenant in owed
+        if snapshot.now - j.submit_time >= _starved_s(request) or j.tenant in owed | owed_of_type
     ]
     if starved:
         # A tenant under its guarantee reclaims borrowed GPUs at once, as the plan does: borrowers'
-        # young attempts are not spared for its profiling runs.
+        # young attempts are not spared for its profiling runs. (Under a guarantee per type only, its
+        # jobs are profiled at once, on GPUs of work that is not protected.)
         lent = (
             quota.borrowers(snapshot.jobs, quota.entitled(snapshot.jobs, snapshot.tenants, {}))
             if owed
@@ -98,6 +100,31 @@ def _under_guarantee(snapshot: ClusterSnapshot) -> frozenset[str]:
         if view.current is not None:
             held[view.spec.tenant] = held.get(view.spec.tenant, 0) + view.current.gpus
     return frozenset(t for t, q in snapshot.tenants.items() if q.guaranteed_gpus > held.get(t, 0))
+
+
+def _under_type_guarantee(snapshot: ClusterSnapshot) -> frozenset[str]:
+    """Tenants holding fewer GPUs of some type than their guarantee on it (`guaranteed_gpus_by_type`):
+    their new jobs are profiled at once, so a plan places them on the guaranteed type from measured
+    rates rather than from the transfer estimate alone."""
+    owners = {t: q for t, q in snapshot.tenants.items() if q.type_guarantees}
+    if not owners:
+        return frozenset()
+    servers = snapshot.server_map()
+    held = typecaps.held_by_type(
+        (
+            (v.spec.tenant, v.current)
+            for v in snapshot.jobs
+            if v.current is not None
+            and v.spec.tenant in owners
+            and all(sid in servers for sid, _ in v.current.parts)
+        ),
+        servers,
+    )
+    return frozenset(
+        t
+        for t, q in owners.items()
+        if any(g > held.get((t, gpu_type), 0) for gpu_type, g in q.type_guarantees)
+    )
 
 
 def _starving(request: PlanRequest, runs: list[ProfilingRun]) -> list[JobSpec]:

@@ -173,6 +173,27 @@ def test_a_preemption_holds_the_gpus_until_the_checkpoint_is_written() -> None:
     h.close()
 
 
+@pytest.mark.parametrize("guaranteed", [True, False])
+def test_a_tenant_under_its_guarantee_per_type_has_its_new_job_profiled_at_once(guaranteed: bool) -> None:
+    # The v100 server is full with another tenant's old attempt. A tenant guaranteed v100s is owed
+    # them: its new job, once it has starved a round, is profiled on GPUs of that work (checkpointed),
+    # instead of waiting STARVED_ROUNDS rounds and being placed on the transfer estimate alone.
+    pairs = (("v100", 2),) if guaranteed else ()
+    tenants = (TenantQuota("vision", type_guarantees=pairs), TenantQuota("default"))
+    h = Harness(servers=SERVERS[:1], tenants=tenants)
+    (first,) = profiled(h, "borrow", (4,), samples=1e9)
+    assert first.job_id == "borrow"
+    h.feed(AttemptStarted(h.stimulus(), first.attempt_id))
+    h.now = 4 * 3600.0
+    h.feed(JobSubmitted(h.stimulus(), spec("own", (1,), 1e5, tenant="vision", at=h.now)))
+    assert h.of(CheckpointAndStop, h.feed(RoundTick(h.stimulus(), "first"))) == []
+    h.now += 120.0  # a round without a profile: the job starves
+    out = h.feed(RoundTick(h.stimulus(), "first"))
+    stopped = [s.job_id for s in h.of(CheckpointAndStop, out)]
+    assert stopped == (["borrow"] if guaranteed else [])
+    h.close()
+
+
 def test_cancel_stops_every_attempt_and_ends_the_job(harness: Harness) -> None:
     (launch,) = profiled(harness, "j1", (2,))
     harness.feed(AttemptStarted(harness.stimulus(), launch.attempt_id))

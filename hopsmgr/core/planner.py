@@ -44,7 +44,7 @@ from hopsmgr.core.plan import (
     Reservation,
     SolverStats,
 )
-from hopsmgr.core.priority import PriorityContext, expected_run_s, ilp_weights
+from hopsmgr.core.priority import PriorityContext, expected_run_s, ilp_weights, with_hysteresis
 from hopsmgr.core.program import (
     RoundState,
     build_exact_program,
@@ -63,6 +63,10 @@ from hopsmgr.core.transfer import with_transfer
 from hopsmgr.core.window import idle_backfill, sensitivity_adjustment, service_window
 
 Timer = Callable[[], float]
+HYSTERESIS_NOTE = (
+    "weight raised to tie with waiting jobs whose priority is within lr_hysteresis ({}) of its own:"
+    " the tie goes to the running job"
+)
 
 # Re-exported: these lived here before hopsmgr.core.plan, hopsmgr.core.program and hopsmgr.core.queueorder.
 __all__ = [
@@ -141,6 +145,18 @@ def _plan(
     type_limits, owed_type = typecaps.plan_limits(snapshot, estimator)  # owed per GPU type: queue head
     ordered = typecaps.head_first(ordered, [v.id for v in ordered if v.id in owed or v.id in owed_type])
     weights = ilp_weights(values, settings.lambda_, settings.lambda_knee, settings.lambda_below)
+    tied: dict[JobId, str] = {}  # running jobs whose weight the hysteresis raised: their explanation
+    if kind == "first" and settings.priority == "latency_ratio" and settings.lr_hysteresis > 0:
+        # [ours] owed jobs (a guarantee's) stay out of it: they head the queue and take their GPUs back
+        rivals = [
+            v.id for v in snapshot.jobs if v.current is None and v.id not in owed and v.id not in owed_type
+        ]
+        running_ids = [v.id for v in snapshot.jobs if v.current is not None and v.id not in owed]
+        plain = weights
+        weights = with_hysteresis(values, plain, running_ids, rivals, settings.lr_hysteresis)
+        for jid in running_ids:
+            if weights.get(jid, 0.0) > plain.get(jid, 0.0):
+                tied[jid] = HYSTERESIS_NOTE.format(settings.lr_hysteresis)
     for jid in owed:
         weights[jid] *= quota.GUARANTEE_BOOST
     usable_servers = [servers[sid] for sid in capacity]
@@ -317,7 +333,9 @@ def _plan(
             may_span=config_gen.may_span(v.spec, state.rho.get(v.id, 1.0), settings.sigma, largest),
             candidates=explain.get(v.id, ()),
             chosen=str(assignment[v.id]) if v.id in assignment else None,
-            note=waits.get(v.id) or _note(v.id, fixed, candidate_ids, window_id_set, kind),
+            note=waits.get(v.id)
+            or _note(v.id, fixed, candidate_ids, window_id_set, kind)
+            or tied.get(v.id, ""),
         )
         for v in placeable
     }

@@ -10,8 +10,9 @@ ratio and FTF rho are then 0.0, and its SJF/SRTF values rank it after every job 
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hopsmgr.core.model import GpuType, JobId, JobSpec, JobView
@@ -21,6 +22,7 @@ RateFn = Callable[[JobSpec, GpuType], float | None]
 
 HOUR_S = 3600.0
 BIAS_EPSILON = 0.01
+HYSTERESIS_TIE = 1e-3  # `with_hysteresis`: how far above its rival a running job's raised weight is
 
 PRIORITY_KINDS: tuple[str, ...] = ("latency_ratio", "fifo", "las", "sjf", "srtf", "ftf", "srtf_lr")
 
@@ -295,6 +297,44 @@ def ilp_weights(
         return x**below if x <= knee else at_knee * (x / knee) ** lambda_
 
     return {job_id: weight(value + bias) for job_id, value in values.items()}
+
+
+def with_hysteresis(
+    values: Mapping[JobId, float],
+    weights: Mapping[JobId, float],
+    running: Collection[JobId],
+    rivals: Collection[JobId],
+    delta: float,
+) -> dict[JobId, float]:
+    """[ours] Weights where a running job ties with every rival within `delta` of its priority value:
+    each running job's weight is raised to just above (by HYSTERESIS_TIE) the highest weight of a rival
+    (a waiting job) whose value is at most its own plus `delta`. A waiting job then takes a running job's GPUs on priority only once
+    its value is more than `delta` above the running job's (or on throughput, as before): with the
+    latency-ratio priority, ratios that differ by less than `delta` count as equal, and the tie goes to
+    the job that holds the GPUs. Weights are only raised, and the order between a running job and
+    every job beyond `delta` is unchanged. `delta` 0 returns the weights as they are.
+
+    Without it, long jobs rotate on the GPUs: a waiting long job's ratio passes a running one's by a
+    hundredth within minutes, and each pass costs a checkpoint and a restart (docs/results.md)."""
+    if not (math.isfinite(delta) and delta >= 0):
+        raise ValueError(f"lr_hysteresis must be a finite number >= 0, got {delta!r}")
+    out = dict(weights)
+    if delta == 0:
+        return out
+    ranked = sorted((values[j], weights[j]) for j in rivals if j in values and j in weights)
+    keys = [value for value, _ in ranked]
+    best_up_to: list[float] = []
+    best = -math.inf
+    for _, weight in ranked:
+        best = max(best, weight)
+        best_up_to.append(best)
+    for job_id in running:
+        if job_id not in values or job_id not in out:
+            continue
+        i = bisect.bisect_right(keys, values[job_id] + delta)
+        if i and best_up_to[i - 1] > out[job_id]:
+            out[job_id] = best_up_to[i - 1] * (1.0 + HYSTERESIS_TIE)
+    return out
 
 
 def raqlr(ended: Iterable[tuple[float, float]], now: float, hours: float) -> float | None:

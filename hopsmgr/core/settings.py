@@ -23,6 +23,9 @@ SOLVER_MODES: tuple[str, ...] = ("auto", "exact", "classes")
 # [ours] the smallest knee of the weights' exponent: priorities are at least the ILP bias (0.01) apart
 # from 0, and a knee far below that only divides them into overflow
 MIN_KNEE = 1e-3
+# [ours] `lr_hysteresis`: measured at 0.1 and 0.25 on paper-512, Gavel's traces, five other workloads
+# and the gang scenario (docs/results.md, session 43)
+LR_HYSTERESIS_DEFAULT = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +38,10 @@ class SchedulerSettings:
     # one exponent, the paper's (docs/scheduling.md, "the weights' exponent")
     lambda_knee: float = 0.0
     lambda_below: float = 0.5
+    # [ours] with the latency-ratio priority, first plans count two jobs' priority values (latency
+    # ratios times tenant weights) within this much of each other as equal, the tie going to the job
+    # that holds the GPUs (hopsmgr.core.priority.with_hysteresis); 0 = off
+    lr_hysteresis: float = LR_HYSTERESIS_DEFAULT
     sigma: float = 1.4
     window: bool = True
     fragment_plans: bool = True
@@ -105,6 +112,8 @@ class SchedulerSettings:
             raise bad("lambda_knee", f"must be 0 (no knee) or a finite number >= {MIN_KNEE}")
         if not (math.isfinite(self.lambda_below) and self.lambda_below >= 0):
             raise bad("lambda_below", "must be a finite number >= 0")
+        if not (math.isfinite(self.lr_hysteresis) and self.lr_hysteresis >= 0):
+            raise bad("lr_hysteresis", "must be a finite number >= 0 (0 = off)")
         if not self.sigma >= 1.0:
             raise bad("sigma", "must be >= 1.0")
         if not 0 <= self.gap < 1:

@@ -48,6 +48,8 @@ class HopsPolicy:
         self.description = f"Hops planner, {settings.priority} priority, lambda={settings.lambda_}"
         if settings.lambda_knee > 0:
             self.description += f" (below lambda_knee={settings.lambda_knee}: {settings.lambda_below})"
+        if settings.priority == "latency_ratio" and settings.lr_hysteresis > 0:
+            self.description += f", lr_hysteresis={settings.lr_hysteresis}"
         # The last plan's reservations (hopsmgr.core.reserve): a reserved job keeps its servers.
         self.reservations: dict[JobId, Reservation] = {}
 

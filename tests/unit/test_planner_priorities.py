@@ -33,8 +33,13 @@ def test_a_preemption_must_pay_for_the_victims_checkpoint_and_restart(
     servers = [srv("a0", 1, 1.0)]
     running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
     queued = JobView(spec("q", 1), waited_s=wait)
-    settings_ = SchedulerSettings(
-        solver="exact", gap=0.0, round_seconds=120.0, min_attempt_s=0.0, preemption_cost=preemption_cost
+    settings_ = SchedulerSettings(  # the latency ratios are 0.03 apart: the cost alone decides without
+        solver="exact",  # the hysteresis (which would keep r, tested below)
+        gap=0.0,
+        round_seconds=120.0,
+        min_attempt_s=0.0,
+        preemption_cost=preemption_cost,
+        lr_hysteresis=0.0,
     )
     plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
     assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
@@ -320,3 +325,63 @@ def test_a_knee_too_small_to_mean_anything_is_refused() -> None:
     ):
         SchedulerSettings(lambda_knee=1e-300)
     assert SchedulerSettings(lambda_knee=0.001).lambda_knee == 0.001
+
+
+@pytest.mark.parametrize(
+    ("ahead", "hysteresis", "kept"), [(0.05, 0.0, False), (0.05, 0.1, True), (0.15, 0.1, False)]
+)
+def test_a_waiting_job_within_the_hysteresis_of_a_running_one_does_not_take_its_gpus(
+    ahead: float, hysteresis: float, kept: bool
+) -> None:
+    # One GPU, equal throughput, no restart costs: only the weights decide. r runs with a latency ratio
+    # of 0; q has waited `ahead` of its expected run time. Without hysteresis q's higher weight wins;
+    # with 0.1, a ratio 0.05 above r's counts as equal and r keeps the GPU; 0.15 above it, q wins.
+    servers = [srv("a0", 1, 1.0)]
+    age = 1e6 / (32 / 0.3)  # the jobs' expected run time: 1e6 samples at 32 per 0.3 s
+    running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    queued = JobView(spec("q", 1), waited_s=ahead * age)
+    settings_ = SchedulerSettings(
+        solver="exact",
+        gap=0.0,
+        min_attempt_s=0.0,
+        projected_priority=False,
+        restart_penalty=False,
+        preemption_cost=False,
+        lr_hysteresis=hysteresis,
+    )
+    plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
+    assert plan.priorities == pytest.approx({"r": 0.0, "q": ahead})
+    assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
+    raised = "weight raised to tie with waiting jobs whose priority is within lr_hysteresis (0.1)"
+    if kept:  # the plan shows the weight it used, raised just above q's, and why
+        assert plan.explain["r"].weight == pytest.approx(plan.explain["q"].weight * 1.001)
+        assert plan.explain["r"].note.startswith(raised)
+    else:
+        assert "lr_hysteresis" not in plan.explain["r"].note
+
+
+def test_the_hysteresis_is_read_only_with_the_latency_ratio_priority() -> None:
+    # the same near tie under srtf_lr (whose values are not latency ratios): nothing is raised
+    servers = [srv("a0", 1, 1.0)]
+    running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    queued = JobView(spec("q", 1), waited_s=100.0)
+    est = profiled(running, queued)
+    plans = [
+        plan_round(
+            snapshot(servers, [running, queued]),
+            est,
+            SchedulerSettings(
+                solver="exact", gap=0.0, min_attempt_s=0.0, priority="srtf_lr", lr_hysteresis=h
+            ),
+        )
+        for h in (0.0, 0.5)
+    ]
+    assert {j: e.weight for j, e in plans[0].explain.items()} == {
+        j: e.weight for j, e in plans[1].explain.items()
+    }
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf")])
+def test_the_hysteresis_setting_refuses_a_bad_value_naming_the_field(value: float) -> None:
+    with pytest.raises(ValueError, match=r"scheduler.lr_hysteresis: must be a finite number >= 0"):
+        SchedulerSettings(lr_hysteresis=value)

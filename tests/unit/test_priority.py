@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hopsmgr.core.model import Config, GpuType, JobSpec, JobView, RequirementSet
 from hopsmgr.core.priority import (
     DEFAULT_LR_GUARD,
+    HYSTERESIS_TIE,
     PRIORITY_KINDS,
     PriorityContext,
     critical_path_jobs,
@@ -25,6 +26,7 @@ from hopsmgr.core.priority import (
     raqlr,
     remaining_run_s,
     srtf_lr_value,
+    with_hysteresis,
 )
 
 # --- two GPU types, a job with requirement set {2, 4} (R_avg = 3) ---------------------------------------
@@ -425,3 +427,25 @@ def test_a_job_with_the_smallest_positive_work_gets_a_finite_priority(kind: str)
     values = priority_values(kind, [view], ctx)
     assert all(math.isfinite(v) for v in values.values()), values
     assert ilp_weights(values, 1.0)
+
+
+def test_with_hysteresis_raises_a_running_job_to_just_above_its_best_rival_within_delta() -> None:
+    values = {"run": 0.20, "near": 0.28, "nearer": 0.25, "far": 0.31, "low": 0.1, "run2": 0.5}
+    weights = {j: v + 0.01 for j, v in values.items()}
+    out = with_hysteresis(
+        values, weights, running=["run", "run2"], rivals=["near", "nearer", "far", "low"], delta=0.1
+    )
+    assert out["run"] == pytest.approx(weights["near"] * (1 + HYSTERESIS_TIE))  # the best within 0.30
+    assert out["run"] < weights["far"]  # a rival beyond delta still outranks it
+    assert out["run2"] == weights["run2"]  # every rival is below it: nothing to raise
+    assert {j: out[j] for j in ("near", "nearer", "far", "low")} == {
+        j: weights[j] for j in ("near", "nearer", "far", "low")
+    }  # only running jobs change
+    assert with_hysteresis(values, weights, ["run"], ["near"], 0.0) == weights
+    assert with_hysteresis(values, weights, ["run"], [], 0.1) == weights
+
+
+@pytest.mark.parametrize("delta", [-1.0, float("nan"), float("inf")])
+def test_with_hysteresis_refuses_a_bad_delta(delta: float) -> None:
+    with pytest.raises(ValueError, match="lr_hysteresis"):
+        with_hysteresis({}, {}, [], [], delta)

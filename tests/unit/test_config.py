@@ -240,6 +240,7 @@ BAD: list[tuple[str, str, str, str, str]] = [
     ("scheduler gain base", "lambda = 2", 'gain_base = "largest"', "scheduler.gain_base", "'largest'"),
     ("scheduler speed value", "lambda = 2", 'speed_value = "fast"', "scheduler.speed_value", "'fast'"),
     ("scheduler lambda knee", "lambda = 2", "lambda_knee = -1.0", "scheduler.lambda_knee", "-1.0"),
+    ("scheduler lr hysteresis", "lambda = 2", "lr_hysteresis = -0.5", "scheduler.lr_hysteresis", "-0.5"),
     ("scheduler lambda below", "lambda = 2", "lambda_below = inf", "scheduler.lambda_below", "inf"),
     (
         "scheduler backfill factor",

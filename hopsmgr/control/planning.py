@@ -9,14 +9,14 @@ as Gavel's does) and nothing else; time arrives as the snapshot's `now`, `timer`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from hopsmgr.control.commands import PlanRequest
 from hopsmgr.control.events import PlanReady
 from hopsmgr.core import quota, typecaps
 from hopsmgr.core.estimator import Estimator
-from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobSpec
+from hopsmgr.core.model import ClusterSnapshot, Config, JobId, JobSpec, JobView
 from hopsmgr.core.plan import SolverStats
 from hopsmgr.core.planner import Plan, ProfilingRun, profiling_runs
 from hopsmgr.core.program import protected
@@ -65,16 +65,18 @@ def choose_profiling(
         profiling_runs(list(request.to_profile), snapshot, estimator, held), request.profiling_budget
     )
     owed = _under_guarantee(snapshot)
-    owed_of_type = _under_type_guarantee(snapshot)
+    candidates = _starving(request, runs)
     starved = [
-        j
-        for j in _starving(request, runs)
-        if snapshot.now - j.submit_time >= _starved_s(request) or j.tenant in owed | owed_of_type
+        j for j in candidates if snapshot.now - j.submit_time >= _starved_s(request) or j.tenant in owed
     ]
-    if starved:
+    # [ours] A job owed GPUs under a guarantee per GPU type (the plan's own reckoning,
+    # hopsmgr.core.typecaps) is profiled after one starved round too, so the plan places it there on
+    # measured rates; it takes GPUs of running work only on that type.
+    owed_type = _owed_by_type(snapshot, candidates) if candidates else {}
+    type_owed = [j for j in candidates if j not in starved and j.id in owed_type]
+    if starved or type_owed:
         # A tenant under its guarantee reclaims borrowed GPUs at once, as the plan does: borrowers'
-        # young attempts are not spared for its profiling runs. (Under a guarantee per type only, its
-        # jobs are profiled at once, on GPUs of work that is not protected.)
+        # young attempts are not spared for its profiling runs.
         lent = (
             quota.borrowers(snapshot.jobs, quota.entitled(snapshot.jobs, snapshot.tenants, {}))
             if owed
@@ -89,6 +91,9 @@ def choose_profiling(
                     taken[sid] = taken.get(sid, 0) + g
         # at least one job a round, whatever the budget: new work always gets profiled in the end
         extra = profiling_runs(starved, snapshot, estimator, taken)
+        for r in extra:
+            taken[r.server_id] = taken.get(r.server_id, 0) + 1
+        extra += _owed_type_runs(type_owed, owed_type, snapshot, estimator, taken, held, runs + extra)
         runs += within_budget(extra, request.profiling_budget - len(runs), at_least_one=True)
     return runs
 
@@ -102,29 +107,47 @@ def _under_guarantee(snapshot: ClusterSnapshot) -> frozenset[str]:
     return frozenset(t for t, q in snapshot.tenants.items() if q.guaranteed_gpus > held.get(t, 0))
 
 
-def _under_type_guarantee(snapshot: ClusterSnapshot) -> frozenset[str]:
-    """Tenants holding fewer GPUs of some type than their guarantee on it (`guaranteed_gpus_by_type`):
-    their new jobs are profiled at once, so a plan places them on the guaranteed type from measured
-    rates rather than from the transfer estimate alone."""
-    owners = {t: q for t, q in snapshot.tenants.items() if q.type_guarantees}
-    if not owners:
-        return frozenset()
+def _owed_by_type(snapshot: ClusterSnapshot, candidates: list[JobSpec]) -> dict[JobId, typecaps.TypeKey]:
+    """The jobs owed GPUs under a guarantee per type, the starving `candidates` (not yet in the
+    snapshot: they have no profile) counted among the waiting jobs."""
+    known = {v.id for v in snapshot.jobs}
+    new = tuple(JobView(spec) for spec in candidates if spec.id not in known)
+    return typecaps.owed_by_type(replace(snapshot, jobs=snapshot.jobs + new))
+
+
+def _owed_type_runs(
+    jobs: list[JobSpec],
+    owed_type: Mapping[JobId, typecaps.TypeKey],
+    snapshot: ClusterSnapshot,
+    estimator: Estimator,
+    taken: Mapping[str, int],
+    held: Mapping[str, int],
+    chosen: list[ProfilingRun],
+) -> list[ProfilingRun]:
+    """Runs for jobs owed GPUs under a guarantee per type: on servers of the type each is owed, GPUs of
+    running work that is not protected (`taken`: protected attempts and the runs of this round); on
+    the other types, idle GPUs only (`held`: every running job's GPUs). `chosen`: this round's runs."""
     servers = snapshot.server_map()
-    held = typecaps.held_by_type(
-        (
-            (v.spec.tenant, v.current)
-            for v in snapshot.jobs
-            if v.current is not None
-            and v.spec.tenant in owners
-            and all(sid in servers for sid, _ in v.current.parts)
-        ),
-        servers,
-    )
-    return frozenset(
-        t
-        for t, q in owners.items()
-        if any(g > held.get((t, gpu_type), 0) for gpu_type, g in q.type_guarantees)
-    )
+    ran: dict[str, int] = {}  # this round's runs, those given here included
+    mine: dict[str, int] = {}  # the runs given here
+    out: list[ProfilingRun] = []
+    for r in chosen:
+        ran[r.server_id] = ran.get(r.server_id, 0) + 1
+    by_type: dict[str, list[JobSpec]] = {}
+    for job in jobs:
+        by_type.setdefault(owed_type[job.id][1], []).append(job)
+    for gpu_type, owed_jobs in sorted(by_type.items()):
+        busy = {
+            sid: taken.get(sid, 0) + mine.get(sid, 0)
+            if server.gpu_type == gpu_type
+            else held.get(sid, 0) + ran.get(sid, 0)
+            for sid, server in servers.items()
+        }
+        for r in profiling_runs(owed_jobs, snapshot, estimator, busy):
+            out.append(r)
+            ran[r.server_id] = ran.get(r.server_id, 0) + 1
+            mine[r.server_id] = mine.get(r.server_id, 0) + 1
+    return out
 
 
 def _starving(request: PlanRequest, runs: list[ProfilingRun]) -> list[JobSpec]:

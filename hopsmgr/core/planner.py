@@ -147,11 +147,12 @@ def _plan(
     weights = ilp_weights(values, settings.lambda_, settings.lambda_knee, settings.lambda_below)
     tied: dict[JobId, str] = {}  # running jobs whose weight the hysteresis raised: their explanation
     if kind == "first" and settings.priority == "latency_ratio" and settings.lr_hysteresis > 0:
-        # [ours] owed jobs (a guarantee's) stay out of it: they head the queue and take their GPUs back
+        # [ours] owed jobs (a guarantee's) stay out of it: they head the queue and take their GPUs back.
+        # Running: holding GPUs the plan counts (not a job whose GPUs left the capacity).
         rivals = [
-            v.id for v in snapshot.jobs if v.current is None and v.id not in owed and v.id not in owed_type
+            v.id for v in snapshot.jobs if v.id not in running and v.id not in owed and v.id not in owed_type
         ]
-        running_ids = [v.id for v in snapshot.jobs if v.current is not None and v.id not in owed]
+        running_ids = [jid for jid in running if jid not in owed]
         plain = weights
         weights = with_hysteresis(values, plain, running_ids, rivals, settings.lr_hysteresis)
         for jid in running_ids:

@@ -307,8 +307,9 @@ def with_hysteresis(
     delta: float,
 ) -> dict[JobId, float]:
     """[ours] Weights where a running job ties with every rival within `delta` of its priority value:
-    each running job's weight is raised to just above (by HYSTERESIS_TIE) the highest weight of a rival
-    (a waiting job) whose value is at most its own plus `delta`. A waiting job then takes a running job's GPUs on priority only once
+    each running job's weight is raised to just above (by HYSTERESIS_TIE, and always below every rival
+    beyond `delta`) the highest weight of a rival (a waiting job) whose value is at most its own plus
+    `delta`. A waiting job then takes a running job's GPUs on priority only once
     its value is more than `delta` above the running job's (or on throughput, as before): with the
     latency-ratio priority, ratios that differ by less than `delta` count as equal, and the tie goes to
     the job that holds the GPUs. Weights are only raised, and the order between a running job and
@@ -328,12 +329,21 @@ def with_hysteresis(
     for _, weight in ranked:
         best = max(best, weight)
         best_up_to.append(best)
+    least_from = [math.inf] * (len(ranked) + 1)  # the lowest weight of the rivals from index i on
+    for i in range(len(ranked) - 1, -1, -1):
+        least_from[i] = min(least_from[i + 1], ranked[i][1])
     for job_id in running:
         if job_id not in values or job_id not in out:
             continue
         i = bisect.bisect_right(keys, values[job_id] + delta)
-        if i and best_up_to[i - 1] > out[job_id]:
-            out[job_id] = best_up_to[i - 1] * (1.0 + HYSTERESIS_TIE)
+        best = best_up_to[i - 1] if i else -math.inf
+        if best <= out[job_id]:
+            continue
+        raised = best * (1.0 + HYSTERESIS_TIE)
+        beyond = least_from[i]  # never at or above a rival beyond delta: its order stays
+        if raised >= beyond:
+            raised = (best + beyond) / 2 if beyond > best else best
+        out[job_id] = raised
     return out
 
 

@@ -173,24 +173,67 @@ def test_a_preemption_holds_the_gpus_until_the_checkpoint_is_written() -> None:
     h.close()
 
 
-@pytest.mark.parametrize("guaranteed", [True, False])
-def test_a_tenant_under_its_guarantee_per_type_has_its_new_job_profiled_at_once(guaranteed: bool) -> None:
-    # The v100 server is full with another tenant's old attempt. A tenant guaranteed v100s is owed
-    # them: its new job, once it has starved a round, is profiled on GPUs of that work (checkpointed),
-    # instead of waiting STARVED_ROUNDS rounds and being placed on the transfer estimate alone.
-    pairs = (("v100", 2),) if guaranteed else ()
-    tenants = (TenantQuota("vision", type_guarantees=pairs), TenantQuota("default"))
-    h = Harness(servers=SERVERS[:1], tenants=tenants)
-    (first,) = profiled(h, "borrow", (4,), samples=1e9)
-    assert first.job_id == "borrow"
-    h.feed(AttemptStarted(h.stimulus(), first.attempt_id))
+def _starved_round(
+    guarantee: tuple[tuple[str, int], ...], work: list[tuple[str, tuple[int, ...], str]], new_gpus: int = 1
+) -> tuple[list[str], Harness]:
+    """v100-1 (4 GPUs) and p100-1 (2): `work` (job, GPU counts, tenant) runs (old attempts), then
+    vision, guaranteed `guarantee` per type, submits a job of `new_gpus` GPUs that finds no idle GPU; the
+    jobs checkpointed once it has starved one round (too soon for the STARVED_ROUNDS rule)."""
+    tenants = (TenantQuota("vision", type_guarantees=guarantee), TenantQuota("default"))
+    h = Harness(servers=(SERVERS[0], SERVERS[2]), tenants=tenants)
+    for job_id, gpus, tenant in work:
+        submitted = spec(job_id, gpus, 1e9, tenant=tenant, at=h.now)
+        out = h.feed(JobSubmitted(h.stimulus(), submitted))
+        out += h.feed(RoundTick(h.stimulus(), "first"))
+        for run in h.of(StartProfiling, out):
+            out += h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
+            out += h.feed(AttemptEnded(h.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
+        out += h.feed(RoundTick(h.stimulus(), "fragment"))
+        for launch in h.of(LaunchAttempt, out):
+            h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
+    assert sum(a.launched for a in h.machine.state.attempts.values()) == len(work), "the work must run"
+    on_v100 = {a.job_id for a in h.machine.state.attempts.values() if "v100-1" in a.devices}
+    if any(job_id == "mine" for job_id, _, _ in work):
+        assert "mine" in on_v100  # vision holds v100s
     h.now = 4 * 3600.0
-    h.feed(JobSubmitted(h.stimulus(), spec("own", (1,), 1e5, tenant="vision", at=h.now)))
+    h.feed(JobSubmitted(h.stimulus(), spec("own", (new_gpus,), 1e5, tenant="vision", at=h.now)))
     assert h.of(CheckpointAndStop, h.feed(RoundTick(h.stimulus(), "first"))) == []
     h.now += 120.0  # a round without a profile: the job starves
     out = h.feed(RoundTick(h.stimulus(), "first"))
-    stopped = [s.job_id for s in h.of(CheckpointAndStop, out)]
-    assert stopped == (["borrow"] if guaranteed else [])
+    return sorted(c.job_id for c in h.of(CheckpointAndStop, out)), h
+
+
+def test_a_job_owed_gpus_under_a_guarantee_per_type_is_profiled_at_once_on_that_type() -> None:
+    # The cluster is full of another tenant's old attempts. vision is owed v100s: its new job, once it
+    # has starved a round, is profiled on the v100 GPUs of that work (checkpointed), not on the p100
+    # ones, instead of waiting STARVED_ROUNDS rounds and being placed on the transfer estimate alone.
+    work = [("borrow", (4,), "default"), ("other", (2,), "default")]
+    stopped, h = _starved_round((("v100", 2),), work)
+    assert stopped == ["borrow"]
+    h.close()
+    stopped, h = _starved_round((), work)  # no guarantee: the job waits its STARVED_ROUNDS
+    assert stopped == []
+    h.close()
+
+
+@pytest.mark.parametrize(
+    ("guarantee", "work", "new_gpus"),
+    [
+        # vision already holds its 2 v100s
+        (
+            (("v100", 2),),
+            [("mine", (2,), "vision"), ("borrow", (2,), "default"), ("other", (2,), "default")],
+            1,
+        ),
+        # a 2-GPU job is more than a guarantee of one v100 covers
+        ((("v100", 1),), [("borrow", (4,), "default"), ("other", (2,), "default")], 2),
+    ],
+)
+def test_a_job_the_guarantee_per_type_does_not_owe_gpus_waits_its_starved_rounds(
+    guarantee: tuple[tuple[str, int], ...], work: list[tuple[str, tuple[int, ...], str]], new_gpus: int
+) -> None:
+    stopped, h = _starved_round(guarantee, work, new_gpus)
+    assert stopped == []
     h.close()
 
 

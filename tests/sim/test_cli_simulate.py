@@ -317,7 +317,7 @@ def test_demo_bad_job_count_exits_2(capsys: pytest.CaptureFixture[str], tmp_path
 def test_the_latency_ratio_hysteresis_stops_long_jobs_rotating(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    # Six 3-hour jobs on two GPUs, no restart costs (--gavel-compat): without the hysteresis a waiting
+    # Six 7-hour jobs (6.9 h alone) on two GPUs, no restart costs (--gavel-compat): without the hysteresis a waiting
     # job's latency ratio passes a running one's within minutes and they rotate (about 230 preemptions);
     # the default (0.1) keeps a running job until a waiting one is 0.1 ahead of it.
     trace = write_trace(

@@ -16,6 +16,7 @@ import pytest
 
 from hopsmgr.core.model import JobSpec, JobView, RequirementSet, TenantQuota
 from hopsmgr.core.planner import plan_round
+from hopsmgr.core.quota import GUARANTEE_BOOST
 from hopsmgr.core.settings import SchedulerSettings
 from tests.unit._planner_helpers import C, profiled, snapshot, spec, srv
 
@@ -361,24 +362,80 @@ def test_a_waiting_job_within_the_hysteresis_of_a_running_one_does_not_take_its_
 
 
 def test_the_hysteresis_is_read_only_with_the_latency_ratio_priority() -> None:
-    # the same near tie under srtf_lr (whose values are not latency ratios): nothing is raised
+    # q is shorter than r: under srtf_lr its value is 0.15 above r's, under latency_ratio its ratio
+    # 0.02 above: within 0.5 both times, but only the latency-ratio plan raises r's weight
     servers = [srv("a0", 1, 1.0)]
     running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
-    queued = JobView(spec("q", 1), waited_s=100.0)
+    short = JobSpec("q", RequirementSet.of([1]), 5e5, 32, restart_s=60.0)
+    queued = JobView(short, waited_s=100.0)
     est = profiled(running, queued)
-    plans = [
-        plan_round(
-            snapshot(servers, [running, queued]),
-            est,
-            SchedulerSettings(
-                solver="exact", gap=0.0, min_attempt_s=0.0, priority="srtf_lr", lr_hysteresis=h
-            ),
+    raised = {}
+    for priority in ("srtf_lr", "latency_ratio"):
+        base = SchedulerSettings(
+            solver="exact", gap=0.0, min_attempt_s=0.0, priority=priority, lr_hysteresis=0.0
         )
-        for h in (0.0, 0.5)
-    ]
-    assert {j: e.weight for j, e in plans[0].explain.items()} == {
-        j: e.weight for j, e in plans[1].explain.items()
-    }
+        plans = [
+            plan_round(snapshot(servers, [running, queued]), est, replace(base, lr_hysteresis=h))
+            for h in (0.0, 0.5)
+        ]
+        prio = plans[0].priorities
+        assert 0 < prio["q"] - prio["r"] < 0.5, (priority, prio)
+        raised[priority] = plans[1].explain["r"].weight > plans[0].explain["r"].weight
+    assert raised == {"srtf_lr": False, "latency_ratio": True}
+
+
+def test_a_job_whose_gpus_left_the_capacity_is_not_raised_as_running() -> None:
+    # d's server a0 has no capacity left (profiling took it): d is placed like a waiting job, so q,
+    # whose ratio is 0.05 above d's, gets the one usable GPU with or without the hysteresis
+    servers = [srv("a0", 1), srv("a1", 1)]
+    displaced = JobView(spec("d", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    age = 1e6 / (32 / 0.3)
+    queued = JobView(spec("q", 1), waited_s=0.05 * age)
+    for h in (0.0, 0.1):
+        settings_ = SchedulerSettings(
+            solver="exact",
+            gap=0.0,
+            window=False,
+            min_attempt_s=0.0,
+            projected_priority=False,
+            restart_penalty=False,
+            preemption_cost=False,
+            lr_hysteresis=h,
+        )
+        snap = snapshot(servers, [displaced, queued], capacity={"a0": 0, "a1": 1})
+        plan = plan_round(snap, profiled(displaced, queued), settings_)
+        assert plan.assignments == {"q": C(a1=1)}
+        assert "lr_hysteresis" not in plan.explain["d"].note
+
+
+def test_jobs_owed_under_a_guarantee_take_no_part_in_the_hysteresis() -> None:
+    # o (tenant "own", guaranteed 2 GPUs) runs within its guarantee; w (also "own") waits, owed; b
+    # (tenant "other") runs. Ratios within 0.1 of each other: neither owed job raises b, and o, which
+    # already carries the guarantee's boost, is not raised either.
+    servers = [srv("a0", 2), srv("a1", 1)]
+    age = 1e6 / (32 / 0.3)
+    own = JobView(spec("o", 1, tenant="own"), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
+    other = JobView(spec("b", 1, tenant="other"), current=C(a1=1), running_s=1000.0, attempt_s=1000.0)
+    owed = JobView(spec("w", 1, tenant="own"), waited_s=0.05 * age)
+    rival = JobView(spec("x", 1, tenant="other"), waited_s=0.02 * age)
+    tenants = {"own": TenantQuota("own", guaranteed_gpus=2), "other": TenantQuota("other")}
+    views = [own, other, owed, rival]
+    weights = {}
+    for h in (0.0, 0.1):
+        settings_ = SchedulerSettings(
+            solver="exact",
+            gap=0.0,
+            min_attempt_s=0.0,
+            projected_priority=False,
+            fairshare=False,
+            lr_hysteresis=h,
+        )
+        plan = plan_round(snapshot(servers, views, tenants=tenants), profiled(*views), settings_)
+        weights[h] = {j: e.weight for j, e in plan.explain.items()}
+    assert weights[0.0]["o"] == pytest.approx(weights[0.1]["o"])  # owed and running: only the boost
+    # b is raised to just above x (0.02 ahead of it), not to the owed w (0.05 ahead, carrying the boost)
+    assert weights[0.1]["b"] == pytest.approx(weights[0.0]["x"] * 1.001)
+    assert weights[0.0]["o"] == pytest.approx(weights[0.0]["b"] * GUARANTEE_BOOST)
 
 
 @pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf")])

@@ -449,3 +449,12 @@ def test_with_hysteresis_raises_a_running_job_to_just_above_its_best_rival_withi
 def test_with_hysteresis_refuses_a_bad_delta(delta: float) -> None:
     with pytest.raises(ValueError, match="lr_hysteresis"):
         with_hysteresis({}, {}, [], [], delta)
+
+
+def test_with_hysteresis_never_lifts_a_running_job_over_a_rival_beyond_delta() -> None:
+    # a rival at exactly delta and another just beyond it: the running job ties with the first and
+    # stays below the second, whose weight is less than a thousandth above the first's
+    values = {"run": 0.0, "at": 0.1, "beyond": 0.10001}
+    weights = {j: v + 0.01 for j, v in values.items()}
+    out = with_hysteresis(values, weights, running=["run"], rivals=["at", "beyond"], delta=0.1)
+    assert weights["at"] < out["run"] < weights["beyond"]

@@ -46,10 +46,16 @@ from tests.control.harness import PROFILE, SERVERS, Harness, PlanReady, spec
 
 
 def profiled(
-    h: Harness, job_id: str, gpus: tuple[int, ...] = (1,), samples: float = 1e6, *, one_server: bool = False
+    h: Harness,
+    job_id: str,
+    gpus: tuple[int, ...] = (1,),
+    samples: float = 1e6,
+    *,
+    one_server: bool = False,
+    tenant: str = "default",
 ) -> list[LaunchAttempt]:
     """Submit a job, run its profiling runs to their end; the launches that followed."""
-    submitted = replace(spec(job_id, gpus, samples, at=h.now), one_server=one_server)
+    submitted = replace(spec(job_id, gpus, samples, tenant=tenant, at=h.now), one_server=one_server)
     out = h.feed(JobSubmitted(h.stimulus(), submitted))
     out += h.feed(RoundTick(h.stimulus(), "first"))
     for run in h.of(StartProfiling, out):
@@ -182,14 +188,7 @@ def _starved_round(
     tenants = (TenantQuota("vision", type_guarantees=guarantee), TenantQuota("default"))
     h = Harness(servers=(SERVERS[0], SERVERS[2]), tenants=tenants)
     for job_id, gpus, tenant in work:
-        submitted = spec(job_id, gpus, 1e9, tenant=tenant, at=h.now)
-        out = h.feed(JobSubmitted(h.stimulus(), submitted))
-        out += h.feed(RoundTick(h.stimulus(), "first"))
-        for run in h.of(StartProfiling, out):
-            out += h.feed(AttemptStarted(h.stimulus(), run.attempt_id))
-            out += h.feed(AttemptEnded(h.stimulus(), run.attempt_id, "exited", 0, profile=PROFILE))
-        out += h.feed(RoundTick(h.stimulus(), "fragment"))
-        for launch in h.of(LaunchAttempt, out):
+        for launch in profiled(h, job_id, gpus, 1e9, tenant=tenant):
             h.feed(AttemptStarted(h.stimulus(), launch.attempt_id))
     assert sum(a.launched for a in h.machine.state.attempts.values()) == len(work), "the work must run"
     on_v100 = {a.job_id for a in h.machine.state.attempts.values() if "v100-1" in a.devices}

@@ -328,6 +328,12 @@ def test_a_knee_too_small_to_mean_anything_is_refused() -> None:
     assert SchedulerSettings(lambda_knee=0.001).lambda_knee == 0.001
 
 
+def near_tie_settings(hysteresis: float, **more: bool) -> SchedulerSettings:
+    """Exact plans on plain latency ratios, no minimum attempt: near ties of the hysteresis tests."""
+    exact = SchedulerSettings(solver="exact", gap=0.0, min_attempt_s=0.0, projected_priority=False)
+    return replace(exact, lr_hysteresis=hysteresis, **more)
+
+
 @pytest.mark.parametrize(
     ("ahead", "hysteresis", "kept"), [(0.05, 0.0, False), (0.05, 0.1, True), (0.15, 0.1, False)]
 )
@@ -341,15 +347,7 @@ def test_a_waiting_job_within_the_hysteresis_of_a_running_one_does_not_take_its_
     age = 1e6 / (32 / 0.3)  # the jobs' expected run time: 1e6 samples at 32 per 0.3 s
     running = JobView(spec("r", 1), current=C(a0=1), running_s=1000.0, attempt_s=1000.0)
     queued = JobView(spec("q", 1), waited_s=ahead * age)
-    settings_ = SchedulerSettings(
-        solver="exact",
-        gap=0.0,
-        min_attempt_s=0.0,
-        projected_priority=False,
-        restart_penalty=False,
-        preemption_cost=False,
-        lr_hysteresis=hysteresis,
-    )
+    settings_ = near_tie_settings(hysteresis, restart_penalty=False, preemption_cost=False)
     plan = plan_round(snapshot(servers, [running, queued]), profiled(running, queued), settings_)
     assert plan.priorities == pytest.approx({"r": 0.0, "q": ahead})
     assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
@@ -392,16 +390,7 @@ def test_a_job_whose_gpus_left_the_capacity_is_not_raised_as_running() -> None:
     age = 1e6 / (32 / 0.3)
     queued = JobView(spec("q", 1), waited_s=0.05 * age)
     for h in (0.0, 0.1):
-        settings_ = SchedulerSettings(
-            solver="exact",
-            gap=0.0,
-            window=False,
-            min_attempt_s=0.0,
-            projected_priority=False,
-            restart_penalty=False,
-            preemption_cost=False,
-            lr_hysteresis=h,
-        )
+        settings_ = near_tie_settings(h, window=False, restart_penalty=False, preemption_cost=False)
         snap = snapshot(servers, [displaced, queued], capacity={"a0": 0, "a1": 1})
         plan = plan_round(snap, profiled(displaced, queued), settings_)
         assert plan.assignments == {"q": C(a1=1)}
@@ -422,14 +411,7 @@ def test_jobs_owed_under_a_guarantee_take_no_part_in_the_hysteresis() -> None:
     views = [own, other, owed, rival]
     weights = {}
     for h in (0.0, 0.1):
-        settings_ = SchedulerSettings(
-            solver="exact",
-            gap=0.0,
-            min_attempt_s=0.0,
-            projected_priority=False,
-            fairshare=False,
-            lr_hysteresis=h,
-        )
+        settings_ = near_tie_settings(h, fairshare=False)
         plan = plan_round(snapshot(servers, views, tenants=tenants), profiled(*views), settings_)
         weights[h] = {j: e.weight for j, e in plan.explain.items()}
     assert weights[0.0]["o"] == pytest.approx(weights[0.1]["o"])  # owed and running: only the boost

@@ -67,6 +67,10 @@ HYSTERESIS_NOTE = (
     "weight raised to tie with waiting jobs whose priority is within lr_hysteresis ({}) of its own:"
     " the tie goes to the running job"
 )
+TIED_WAITING_NOTE = (
+    "its priority is less than lr_hysteresis ({}) above that of {} running job(s) that keep their GPUs:"
+    " a tie goes to the running job"
+)
 
 # Re-exported: these lived here before hopsmgr.core.plan, hopsmgr.core.program and hopsmgr.core.queueorder.
 __all__ = [
@@ -324,6 +328,13 @@ def _plan(
     waits.update(
         (jid, "keeps its GPUs: they are reserved for a waiting job and drain") for jid in held_res.keep
     )
+    if tied:  # [ours] a waiting job left out, less than lr_hysteresis ahead of running jobs that stay
+        stay = [values[jid] for jid in tied if jid in running and assignment.get(jid) == running[jid]]
+        for v in placeable:
+            mine = values.get(v.id, 0.0)
+            n = sum(1 for x in stay if x < mine <= x + settings.lr_hysteresis)
+            if n and v.id not in assignment and v.id not in running:
+                tied[v.id] = TIED_WAITING_NOTE.format(settings.lr_hysteresis, n)
     explain_out = {
         v.id: JobExplain(
             position=position[v.id],

@@ -352,11 +352,13 @@ def test_a_waiting_job_within_the_hysteresis_of_a_running_one_does_not_take_its_
     assert plan.priorities == pytest.approx({"r": 0.0, "q": ahead})
     assert plan.assignments == ({"r": C(a0=1)} if kept else {"q": C(a0=1)})
     raised = "weight raised to tie with waiting jobs whose priority is within lr_hysteresis (0.1)"
-    if kept:  # the plan shows the weight it used, raised just above q's, and why
+    tied = "its priority is less than lr_hysteresis (0.1) above that of 1 running job(s) that keep their GPUs"
+    if kept:  # the plan shows the weight it used, raised just above q's, and why; and why q waits
         assert plan.explain["r"].weight == pytest.approx(plan.explain["q"].weight * 1.001)
         assert plan.explain["r"].note.startswith(raised)
+        assert plan.explain["q"].note.startswith(tied)
     else:
-        assert "lr_hysteresis" not in plan.explain["r"].note
+        assert "lr_hysteresis" not in plan.explain["r"].note + plan.explain["q"].note
 
 
 def test_the_hysteresis_is_read_only_with_the_latency_ratio_priority() -> None:

@@ -14,6 +14,7 @@ clock or does I/O beyond handing the program to CBC.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -329,11 +330,13 @@ def _plan(
         (jid, "keeps its GPUs: they are reserved for a waiting job and drain") for jid in held_res.keep
     )
     if tied:  # [ours] a waiting job left out, less than lr_hysteresis ahead of running jobs that stay
-        stay = [values[jid] for jid in tied if jid in running and assignment.get(jid) == running[jid]]
+        stay = sorted(values[jid] for jid in tied if jid in running and assignment.get(jid) == running[jid])
         for v in placeable:
-            mine = values.get(v.id, 0.0)
-            n = sum(1 for x in stay if x < mine <= x + settings.lr_hysteresis)
-            if n and v.id not in assignment and v.id not in running:
+            if v.id in assignment or v.id in running:
+                continue
+            mine = values.get(v.id, 0.0)  # ties with the x where mine - delta <= x < mine
+            n = bisect.bisect_left(stay, mine) - bisect.bisect_left(stay, mine - settings.lr_hysteresis)
+            if n:
                 tied[v.id] = TIED_WAITING_NOTE.format(settings.lr_hysteresis, n)
     explain_out = {
         v.id: JobExplain(

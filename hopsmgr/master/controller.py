@@ -62,7 +62,7 @@ from hopsmgr.master.state import (
     store_counters,
     time_profile,
 )
-from hopsmgr.master.store import Row, Store, StoreError
+from hopsmgr.master.store import Row, Store, StoreError, tenant_row
 from hopsmgr.master.writer import InlineWriter, Op, ThreadWriter, Writer
 from hopsmgr.nodecontract import ARRAY_INDEX
 from hopsmgr.protocol import Submission
@@ -149,22 +149,13 @@ class Controller:
         self.started = self.machine.started = self.clock()
 
     def open(self, checkpoint_root: str) -> None:
-        """Load state from the store, take a new epoch, sync tenants; agents get a full grace period
-        (from here, and again from `listening`)."""
+        """Load state from the store, take a new epoch, sync tenants (logging what changed since the last
+        start); agents get a full grace period (from here, and again from `listening`)."""
         self.checkpoint_root = checkpoint_root
         self.epoch = self.store.next_epoch(self.clock())
         self.listening()
-        self.store.sync_tenants(
-            [
-                {
-                    "name": t.name,
-                    "guaranteed_gpus": t.guaranteed_gpus,
-                    "cap_gpus": t.cap_gpus,
-                    "weight": t.weight,
-                }
-                for t in self.config.tenants
-            ]
-        )
+        for name, was, now in self.store.sync_tenants([tenant_row(t) for t in self.config.tenants]):
+            log.info("tenant_quota_changed", tenant=name, was=was, now=now)  # None: added or removed
         drained = set()
         for row in self.store.nodes():
             node = self.nodes.get(row["id"])

@@ -83,5 +83,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE throughput ADD COLUMN estimated_per_s REAL;
     CREATE INDEX throughput_job ON throughput (job_id, seq);
     """,
+    # 6: a tenant's caps and guarantees per GPU type (JSON objects, GPU type -> GPUs; '{}': none), so
+    # the tenants table holds the whole quota the master last started with
+    """
+    ALTER TABLE tenants ADD COLUMN guaranteed_gpus_by_type TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE tenants ADD COLUMN cap_gpus_by_type TEXT NOT NULL DEFAULT '{}';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

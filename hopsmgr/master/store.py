@@ -29,13 +29,23 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hopsmgr.core.model import TenantQuota
 from hopsmgr.master.migrations import MIGRATIONS, SCHEMA_VERSION
 from hopsmgr.master.transactions import TransactionalStore
 from hopsmgr.protocol import ROLES
 
 Row = dict[str, Any]
 
-_JSON_COLUMNS = {"spec", "command", "env", "placement", "calibration", "devices"}
+_JSON_COLUMNS = {
+    "spec",
+    "command",
+    "env",
+    "placement",
+    "calibration",
+    "devices",
+    "guaranteed_gpus_by_type",
+    "cap_gpus_by_type",
+}
 
 
 class StoreError(RuntimeError):
@@ -44,6 +54,18 @@ class StoreError(RuntimeError):
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def tenant_row(quota: TenantQuota) -> Row:
+    """A tenant's row in the tenants table: its quota as configured."""
+    return {
+        "name": quota.name,
+        "guaranteed_gpus": quota.guaranteed_gpus,
+        "cap_gpus": quota.cap_gpus,
+        "weight": quota.weight,
+        "guaranteed_gpus_by_type": dict(quota.type_guarantees),
+        "cap_gpus_by_type": dict(quota.type_caps),
+    }
 
 
 def _decode(row: Any) -> Row:
@@ -199,11 +221,24 @@ class Store(TransactionalStore):
 
     # -- tenants and tokens --------------------------------------------------------------------------------
 
-    def sync_tenants(self, tenants: Sequence[Row]) -> None:
+    def tenants(self) -> list[Row]:
+        """The tenants the master last started with (its config's `[[tenants]]`), by name."""
+        return [_decode(r) for r in self._exec("SELECT * FROM tenants ORDER BY name").fetchall()]
+
+    def sync_tenants(self, tenants: Sequence[Row]) -> list[tuple[str, Row | None, Row | None]]:
+        """Make the tenants table `tenants` (the config's, at each start); returns the tenants that
+        differ from the last start's, as (name, row before or None, row now or None), by name."""
         with self.transaction():
+            before = {r["name"]: r for r in self.tenants()}
             self._exec("DELETE FROM tenants")
             for t in tenants:
                 self._insert("tenants", t)
+            now = {r["name"]: r for r in self.tenants()}
+        return [
+            (name, before.get(name), now.get(name))
+            for name in sorted(before.keys() | now.keys())
+            if before.get(name) != now.get(name)
+        ]
 
     def add_token(self, token: str, user: str, tenant: str, admin: bool, now: float) -> str:
         """Store a token of `user` (hashed); returns its public id."""

@@ -214,7 +214,8 @@ def test_every_row_kind_round_trips_with_its_types(backend: Backend) -> None:
                 "idle_gpus": 2,
             }
         )
-        store.sync_tenants([{"name": "t", "guaranteed_gpus": 1, "cap_gpus": None, "weight": 1.5}])
+        tenant = {"name": "t", "guaranteed_gpus": 1, "cap_gpus": None, "weight": 1.5}
+        store.sync_tenants([{**tenant, "cap_gpus_by_type": {"v100": 2}, "guaranteed_gpus_by_type": {}}])
     job = store.job("j-1")
     assert job is not None and job["submitted"] == now and job["has_checkpoint"] == 1 and job["user"] == "u"
     assert [r["id"] for r in store.jobs(user="u")] == ["j-1"] and store.jobs(user="v") == []
@@ -225,6 +226,7 @@ def test_every_row_kind_round_trips_with_its_types(backend: Backend) -> None:
     # the estimate beside a measurement: none, then one kept to the last digit
     assert [t["estimated_per_s"] for t in store.throughput("j-1")] == [None, 12.123456789]
     assert store.rounds()[0]["time"] == now
+    assert store.tenants() == [{**tenant, "cap_gpus_by_type": {"v100": 2}, "guaranteed_gpus_by_type": {}}]
     store.add_token("another-secret-token", "ana", "t", True, now)
     assert store.count_tokens(admin=True) == 1 and store.count_tokens() == 1
     store.close()

@@ -238,24 +238,31 @@ def _plan(
             lent = quota.borrowers(snapshot.jobs, owed)
             fixed = {jid: c for jid, c in fixed.items() if jid not in lent}
         fixed = _within_capacity(fixed, capacity, values)
-        # Draining for a reservation: kept as they are, but never over a tenant's cap.
-        running_gpus: dict[str, int] = {}
-        for jid, config in running.items():
-            running_gpus[by_id[jid].spec.tenant] = running_gpus.get(by_id[jid].spec.tenant, 0) + config.gpus
+        # Draining for a reservation: kept as they are, as far as the tenant's caps (and the limits per
+        # GPU type) allow beside its protected jobs, widest first (fewest jobs stopped); those left out
+        # must leave the draining servers, and the program places them under the caps' rows.
         room = dict(capacity)
-        for config in fixed.values():
+        cap_left = {name: q.cap_gpus for name, q in snapshot.tenants.items() if q.cap_gpus is not None}
+        for jid, config in fixed.items():
+            if tenant_of[jid] in cap_left:
+                cap_left[tenant_of[jid]] -= config.gpus
             for sid, g in config.parts:
                 room[sid] -= g
-        over_type = typecaps.jobs_over_type_caps(running, tenant_of, type_limits, servers)
-        for jid, c in held_res.keep.items():
-            q = snapshot.tenants.get(by_id[jid].spec.tenant)
-            over_cap = q is not None and q.cap_gpus is not None and running_gpus[q.name] > q.cap_gpus
-            over_cap = over_cap or jid in over_type
-            if jid in fixed or over_cap or not fits_capacity(c, room):
+        type_left = typecaps.type_room(
+            type_limits, typecaps.held_by_type(((tenant_of[j], c) for j, c in fixed.items()), servers)
+        )
+        for jid, c in sorted(held_res.keep.items(), key=lambda item: -item[1].gpus):
+            tenant, uses = tenant_of[jid], typecaps.gpus_by_type(c, servers)
+            if jid in fixed or not fits_capacity(c, room):
                 continue  # (a shrunken capacity is met by _within_capacity's order, not overridden)
+            if cap_left.get(tenant, c.gpus) < c.gpus or not typecaps.fits(tenant, uses, type_left):
+                continue
             fixed[jid] = c
             for sid, g in c.parts:
                 room[sid] -= g
+            if tenant in cap_left:
+                cap_left[tenant] -= c.gpus
+            typecaps.take(tenant, uses, type_left)
         held_res.keep = {jid: c for jid, c in held_res.keep.items() if fixed.get(jid) == c}
         fixed.update(held_res.start)
         free = dict(capacity)

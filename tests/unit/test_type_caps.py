@@ -293,6 +293,34 @@ def test_draining_jobs_of_a_tenant_over_its_cap_are_not_kept() -> None:
     assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) <= 4
 
 
+@pytest.mark.parametrize(
+    "quota",
+    [TenantQuota("lab", cap_gpus=6), TenantQuota("lab", type_caps=(("F", 6),))],
+    ids=["cap_gpus", "cap_gpus_by_type"],
+)
+def test_a_tenant_over_its_cap_loses_only_enough_of_its_draining_jobs(quota: TenantQuota) -> None:
+    """Three jobs of `lab` (8 GPUs) drain two servers for a big job; a cap of 6 stops one 2-GPU job,
+    not all three (the draining servers are closed to the program: a job not kept there leaves them)."""
+    servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(2)]
+    running = [
+        holding("r0", "lab", Config.single("f0", 2)),
+        holding("r1", "lab", Config.single("f0", 2)),
+        holding("r2", "lab", Config.single("f1", 4)),
+    ]
+    big = JobView(spec("big", 8, tenant="other"), waited_s=1e6)
+    est = profiled(*running, big, types=("F",))
+    drain = SchedulerSettings(
+        solver="exact", reservations=True, reserve_min_gpus=8, reserve_after_lr=0.0, reserve_preempt=False
+    )
+    free = plan_round(snapshot(servers, [*running, big]), est, drain)
+    assert [r.job_id for r in free.reservations] == ["big"] and set(free.assignments) == {"r0", "r1", "r2"}
+    tenants = {"lab": quota, "other": TenantQuota("other")}
+    plan = plan_round(snapshot(servers, [*running, big], tenants=tenants), est, drain)
+    kept = {jid for jid, c in plan.assignments.items() if c == free.assignments.get(jid)}
+    assert len(kept & {"r0", "r1"}) == 1 and "r2" in kept  # 6 GPUs: the cap, no fewer
+    assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) == 6
+
+
 def test_the_fill_charges_what_it_places(monkeypatch: pytest.MonkeyPatch) -> None:
     servers = fast_and_slow()
     views = [JobView(spec(f"t{k}", 1, tenant="lab"), waited_s=100.0 * (k + 1)) for k in range(4)]

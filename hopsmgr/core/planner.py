@@ -239,8 +239,9 @@ def _plan(
             fixed = {jid: c for jid, c in fixed.items() if jid not in lent}
         fixed = _within_capacity(fixed, capacity, values)
         # Draining for a reservation: kept as they are, as far as the tenant's caps (and the limits per
-        # GPU type) allow beside its protected jobs, widest first (fewest jobs stopped); those left out
-        # must leave the draining servers, and the program places them under the caps' rows.
+        # GPU type) allow beside its protected jobs, narrowest first (under one cap, the fewest jobs
+        # stopped), then by priority; those left out must leave the draining servers, and the program
+        # places them under the caps' rows.
         room = dict(capacity)
         cap_left = {name: q.cap_gpus for name, q in snapshot.tenants.items() if q.cap_gpus is not None}
         for jid, config in fixed.items():
@@ -251,7 +252,7 @@ def _plan(
         type_left = typecaps.type_room(
             type_limits, typecaps.held_by_type(((tenant_of[j], c) for j, c in fixed.items()), servers)
         )
-        for jid, c in sorted(held_res.keep.items(), key=lambda item: -item[1].gpus):
+        for jid, c in sorted(held_res.keep.items(), key=lambda kc: (kc[1].gpus, -values.get(kc[0], 0.0))):
             tenant, uses = tenant_of[jid], typecaps.gpus_by_type(c, servers)
             if jid in fixed or not fits_capacity(c, room):
                 continue  # (a shrunken capacity is met by _within_capacity's order, not overridden)

@@ -278,7 +278,7 @@ def test_two_reservations_of_one_tenant_share_its_cap() -> None:
     assert use_of(plan.assignments, views, servers).get(("lab", "F"), 0) <= 8
 
 
-def test_draining_jobs_of_a_tenant_over_its_cap_are_not_kept() -> None:
+def test_draining_jobs_of_a_tenant_over_its_cap_are_kept_only_within_it() -> None:
     servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(2)]
     running = [holding(f"r{k}", "lab", Config.single(f"f{k}", 4)) for k in range(2)]
     big = JobView(spec("big", 8, tenant="other"), waited_s=1e6)
@@ -293,32 +293,45 @@ def test_draining_jobs_of_a_tenant_over_its_cap_are_not_kept() -> None:
     assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) <= 4
 
 
+@pytest.mark.parametrize("solver", SOLVERS)
 @pytest.mark.parametrize(
-    "quota",
-    [TenantQuota("lab", cap_gpus=6), TenantQuota("lab", type_caps=(("F", 6),))],
-    ids=["cap_gpus", "cap_gpus_by_type"],
+    ("quota", "widths", "kept_gpus"),
+    [
+        (TenantQuota("lab", cap_gpus=6), (2, 2, 4), 4),
+        (TenantQuota("lab", type_caps=(("F", 6),)), (2, 2, 4), 4),
+        (TenantQuota("lab", cap_gpus=4), (2, 2, 3), 4),
+    ],
+    ids=["cap_gpus", "cap_gpus_by_type", "narrow_first"],
 )
-def test_a_tenant_over_its_cap_loses_only_enough_of_its_draining_jobs(quota: TenantQuota) -> None:
-    """Three jobs of `lab` (8 GPUs) drain two servers for a big job; a cap of 6 stops one 2-GPU job,
-    not all three (the draining servers are closed to the program: a job not kept there leaves them)."""
+def test_a_tenant_over_its_cap_loses_only_enough_of_its_draining_jobs(
+    solver: str, quota: TenantQuota, widths: tuple[int, int, int], kept_gpus: int
+) -> None:
+    """Three jobs of `lab` drain two servers for a big job; a cap below their total stops one of them,
+    not all three (the draining servers are closed to the program: a job not kept there leaves them),
+    the narrowest kept first: with 2 + 2 + 3 GPUs under a cap of 4, the 3-GPU job leaves."""
     servers = [srv(f"f{k}", 4, 1.0, gpu_type="F", order=k) for k in range(2)]
+    first, second, wide = widths
     running = [
-        holding("r0", "lab", Config.single("f0", 2)),
-        holding("r1", "lab", Config.single("f0", 2)),
-        holding("r2", "lab", Config.single("f1", 4)),
+        holding("r0", "lab", Config.single("f0", first)),
+        holding("r1", "lab", Config.single("f0" if first + second <= 4 else "f1", second)),
+        holding("r2", "lab", Config.single("f1", wide)),
     ]
     big = JobView(spec("big", 8, tenant="other"), waited_s=1e6)
     est = profiled(*running, big, types=("F",))
     drain = SchedulerSettings(
-        solver="exact", reservations=True, reserve_min_gpus=8, reserve_after_lr=0.0, reserve_preempt=False
+        solver=solver,  # type: ignore[arg-type]
+        reservations=True,
+        reserve_min_gpus=8,
+        reserve_after_lr=0.0,
+        reserve_preempt=False,
     )
     free = plan_round(snapshot(servers, [*running, big]), est, drain)
     assert [r.job_id for r in free.reservations] == ["big"] and set(free.assignments) == {"r0", "r1", "r2"}
     tenants = {"lab": quota, "other": TenantQuota("other")}
     plan = plan_round(snapshot(servers, [*running, big], tenants=tenants), est, drain)
     kept = {jid for jid, c in plan.assignments.items() if c == free.assignments.get(jid)}
-    assert len(kept & {"r0", "r1"}) == 1 and "r2" in kept  # 6 GPUs: the cap, no fewer
-    assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) == 6
+    assert kept == {"r0", "r1"}
+    assert use_of(plan.assignments, [*running, big], servers).get(("lab", "F"), 0) == kept_gpus
 
 
 def test_the_fill_charges_what_it_places(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from hopsmgr.core.model import Config, spans_types
 from hopsmgr.sim import runner
 from hopsmgr.sim.engine import Simulation
+from hopsmgr.sim.simstate import job_key
 
 
 class _ErrorLog:
@@ -35,12 +36,15 @@ class _ErrorLog:
     def __enter__(self) -> _ErrorLog:
         log = self
 
-        def sample(sim: Simulation, job: Any, config: Config, parts: Any, seen: bool) -> None:
+        def sample(
+            sim: Simulation, job: Any, config: Config, parts: Any, seen: bool, shares: tuple[float, ...] = ()
+        ) -> None:
+            # the same truth as the engine's own sample (the job's own variation, the batch's shares)
             predicted = sim.machine.estimator.config_rate(job.spec, config, sim.by_id)
-            true = sim.world.true_rate(job.w.model, parts)
+            true = sim.world.true_rate(job.w.model, parts, job_key(job.spec.id), shares)
             if predicted and true > 0 and len(config.parts) > 1:
                 log.errors[spans_types(config, sim.by_id)].append((predicted - true) / true)
-            log._orig(sim, job, config, parts, seen)
+            log._orig(sim, job, config, parts, seen, shares)
 
         Simulation._sample_error = sample  # type: ignore[method-assign,assignment]
         return self

@@ -3,8 +3,9 @@ guarantees, and the order the service window walks.
 
 The priority kinds themselves are pure functions in hopsmgr.core.priority; this module gives them the
 cluster (a `PriorityContext` of a snapshot), projects the latency ratio over the plan's horizon
-(`projected_priority`), adds the critical path of `srtf_lr` (`critical_path`), and puts the jobs owed
-GPUs under their tenant's guarantee first. The planner and the forecasts' policy both read it.
+(`projected_priority`), lifts the running jobs on the critical path of the backlog's makespan
+(`critical_path`), and puts the jobs owed GPUs under their tenant's guarantee first. The planner and
+the forecasts' policy both read it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,9 @@ def _priorities(
 ) -> dict[JobId, float]:
     """The queue's priority values; with `projected_priority`, the latency ratio each job would have
     at the end of the plan's horizon if not served (a running job also losing its checkpoint and
-    restart), times its tenant's weight; "srtf_lr" projects its guard's latency ratio the same way."""
+    restart), times its tenant's weight; "srtf_lr" projects its guard's latency ratio the same way.
+    With `critical_path`, the running jobs on the critical path of the backlog's makespan are lifted:
+    one past its guard with "srtf_lr", to the queue's highest latency ratio with "latency_ratio"."""
     if settings.priority == "srtf_lr":
         critical: frozenset[JobId] = frozenset()
         if settings.critical_path:
@@ -73,12 +76,21 @@ def _priorities(
             for view in snapshot.jobs
         }
     if settings.priority != "latency_ratio" or not settings.projected_priority:
-        return priority_values(settings.priority, snapshot.jobs, ctx)
-    return {
-        view.id: projected_latency_ratio(view, ctx, _ahead_s(view, settings))
-        * ctx.weight_of(view.spec.tenant)
-        for view in snapshot.jobs
-    }
+        values = priority_values(settings.priority, snapshot.jobs, ctx)
+    else:
+        values = {
+            view.id: projected_latency_ratio(view, ctx, _ahead_s(view, settings))
+            * ctx.weight_of(view.spec.tenant)
+            for view in snapshot.jobs
+        }
+    if settings.priority == "latency_ratio" and settings.critical_path and values:
+        # [ours] a running job on the critical path ranks as if its ratio were the queue's highest,
+        # weighed by its own tenant like every job
+        weight = {view.id: max(ctx.weight_of(view.spec.tenant), 1e-12) for view in snapshot.jobs}
+        top = max(values[job_id] / weight[job_id] for job_id in values)
+        for job_id in _critical_path(snapshot, ctx, settings):
+            values[job_id] = max(values[job_id], top * weight[job_id])
+    return values
 
 
 def _critical_path(

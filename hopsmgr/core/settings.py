@@ -61,10 +61,11 @@ class SchedulerSettings:
     move_min_gain: float = 0.15  # [ours] a same-count move that frees no room must gain this much
     # [ours] "srtf_lr": the latency ratio past which a job climbs over the shortest-remaining order
     lr_guard: float = DEFAULT_LR_GUARD
-    # [ours] "srtf_lr" only: a running job on the critical path of the backlog's makespan (its remaining
-    # run time within a round of the larger of the longest one and the time the cluster needs for all
-    # remaining work) ranks as if one past its guard (core.priority.critical_path_jobs); off: it costs
-    # average JCT on small clusters (docs/results.md)
+    # [ours] "srtf_lr" and "latency_ratio": a running job on the critical path of the backlog's makespan
+    # (its remaining run time within a round of the larger of the longest one and the time the cluster
+    # needs for all remaining work) ranks as if one past its guard, or as if its latency ratio were the
+    # queue's highest (core.priority.critical_path_jobs, core.queueorder); off: it costs average JCT on
+    # small clusters (docs/results.md)
     critical_path: bool = False
     # [ours] what a configuration's throughput is divided by in the program (G): "smallest" the job's
     # smallest configuration on the slowest type (Sia's and the paper's), "expected" the rate its

@@ -50,6 +50,8 @@ class HopsPolicy:
             self.description += f" (below lambda_knee={settings.lambda_knee}: {settings.lambda_below})"
         if settings.priority == "latency_ratio" and settings.lr_hysteresis > 0:
             self.description += f", lr_hysteresis={settings.lr_hysteresis}"
+        if settings.priority in ("latency_ratio", "srtf_lr") and settings.critical_path:
+            self.description += ", critical_path"
         # The last plan's reservations (hopsmgr.core.reserve): a reserved job keeps its servers.
         self.reservations: dict[JobId, Reservation] = {}
 

@@ -426,3 +426,54 @@ def test_jobs_owed_under_a_guarantee_take_no_part_in_the_hysteresis() -> None:
 def test_the_hysteresis_setting_refuses_a_bad_value_naming_the_field(value: float) -> None:
     with pytest.raises(ValueError, match=r"scheduler.lr_hysteresis: must be a finite number >= 0"):
         SchedulerSettings(lr_hysteresis=value)
+
+
+@pytest.mark.parametrize("critical_path", [False, True])
+def test_latency_ratio_with_critical_path_keeps_the_job_that_sets_the_makespan(critical_path: bool) -> None:
+    # Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) has waited 5 minutes. The remaining
+    # work drains in 6.6 h, so r alone sets the backlog's makespan. By latency ratio r (the longest, its
+    # ratio growing slowest) makes room for q; on the critical path r ranks as if its ratio were the
+    # queue's highest, and x makes room instead.
+    def job(jid: str, samples: float) -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    q = JobView(job("q", 1e5), waited_s=300.0)
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, critical_path=critical_path)
+    plan = plan_round(snapshot(servers, [r, x, q]), profiled(r, x, q), settings_)
+    kept = "r" if critical_path else "x"
+    assert set(plan.assignments) == {"q", kept}
+    assert plan.assignments[kept] == C(a0=1)
+    plain = plan_round(
+        snapshot(servers, [r, x, q]), profiled(r, x, q), replace(settings_, critical_path=False)
+    )
+    top = max(plain.priorities.values())
+    assert plain.priorities["r"] < top  # q, queued, is never lifted; x is not on the path
+    assert plan.priorities == pytest.approx(
+        {**plain.priorities, "r": top if critical_path else plain.priorities["r"]}
+    )
+
+
+def test_the_latency_ratio_critical_path_lift_is_weighed_by_the_tenant() -> None:
+    # r (on the path) belongs to a tenant of weight 0.5: lifted to the queue's highest ratio, times 0.5
+    def job(jid: str, samples: float, tenant: str = "default") -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, tenant=tenant, restart_s=0.0)
+
+    servers = [srv("a0", 2)]
+    r = JobView(job("r", 4e6, "half"), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    q = JobView(job("q", 1e5), waited_s=300.0)
+    tenants = {"half": TenantQuota("half", weight=0.5)}
+    settings_ = SchedulerSettings(solver="exact", gap=0.0, critical_path=True, fairshare=False)
+    lifted = plan_round(snapshot(servers, [r, x, q], tenants=tenants), profiled(r, x, q), settings_)
+    plain = plan_round(
+        snapshot(servers, [r, x, q], tenants=tenants),
+        profiled(r, x, q),
+        replace(settings_, critical_path=False),
+    )
+    assert lifted.priorities["r"] == pytest.approx(0.5 * plain.priorities["q"])
+    assert {k: v for k, v in lifted.priorities.items() if k != "r"} == pytest.approx(
+        {k: v for k, v in plain.priorities.items() if k != "r"}
+    )

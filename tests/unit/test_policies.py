@@ -377,3 +377,11 @@ def test_registry_makes_every_policy() -> None:
 def test_registry_rejects_an_unknown_name() -> None:
     with pytest.raises(ValueError, match=r"'tiresias'.*gavel-lr"):
         make_policy("tiresias", SchedulerSettings())
+
+
+def test_the_hops_description_names_the_critical_path_where_the_priority_reads_it() -> None:
+    on = SchedulerSettings(critical_path=True)
+    assert "critical_path" in make_policy("hops", on).description
+    assert "critical_path" in make_policy("hops-srtf-lr", on).description
+    assert "critical_path" not in make_policy("hops-las", on).description
+    assert "critical_path" not in make_policy("hops", SchedulerSettings()).description

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from hopsmgr.core.model import JobSpec, JobView, RequirementSet, TenantQuota
+from hopsmgr.core.model import JobSpec, JobView, RequirementSet, Server, TenantQuota
 from hopsmgr.core.planner import plan_round
 from hopsmgr.core.quota import GUARANTEE_BOOST
 from hopsmgr.core.settings import SchedulerSettings
@@ -100,27 +100,31 @@ def test_the_srtf_lr_guard_reads_the_projected_latency_ratio(projected: bool) ->
         assert plan.priorities == pytest.approx({"q": srtf(queued), "r": srtf(running)})
 
 
+def makespan_round(q_waited_s: float, r_tenant: str = "default") -> tuple[list[Server], list[JobView]]:
+    """Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) has waited `q_waited_s`. The
+    remaining work drains in 6.6 h, so r alone sets the backlog's makespan."""
+
+    def job(jid: str, samples: float, tenant: str = "default") -> JobSpec:
+        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, tenant=tenant, restart_s=0.0)
+
+    r = JobView(job("r", 4e6, r_tenant), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
+    q = JobView(job("q", 1e5), waited_s=q_waited_s)
+    return [srv("a0", 2)], [r, x, q]
+
+
 @pytest.mark.parametrize("critical_path", [False, True])
 def test_srtf_lr_with_critical_path_keeps_the_job_that_sets_the_makespan(critical_path: bool) -> None:
-    # Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) waits. The remaining work drains in
-    # 6.6 h, so r alone sets the backlog's makespan. Shortest-remaining order preempts r for q; on the
-    # critical path r ranks as if one past its guard, and x, the next longest, makes room instead.
-    def job(jid: str, samples: float) -> JobSpec:
-        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
-
-    servers = [srv("a0", 2)]
-    r = JobView(job("r", 4e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    q = JobView(job("q", 1e5), waited_s=60.0)
+    # Shortest-remaining order preempts r (the longest) for q; on the critical path r ranks as if one
+    # past its guard, and x, the next longest, makes room instead.
+    servers, jobs = makespan_round(60.0)
     settings_ = SchedulerSettings(solver="exact", gap=0.0, priority="srtf_lr", critical_path=critical_path)
-    plan = plan_round(snapshot(servers, [r, x, q]), profiled(r, x, q), settings_)
+    plan = plan_round(snapshot(servers, jobs), profiled(*jobs), settings_)
     assert "q" in plan.assignments
     kept = "r" if critical_path else "x"
     assert set(plan.assignments) == {"q", kept}
     assert plan.assignments[kept] == C(a0=1)
-    plain = plan_round(
-        snapshot(servers, [r, x, q]), profiled(r, x, q), replace(settings_, critical_path=False)
-    )
+    plain = plan_round(snapshot(servers, jobs), profiled(*jobs), replace(settings_, critical_path=False))
     lift = 1.0 if critical_path else 0.0  # r ranks as if one past its guard; q, queued, is never lifted
     assert plan.priorities == pytest.approx({**plain.priorities, "r": plain.priorities["r"] + lift})
 
@@ -430,25 +434,15 @@ def test_the_hysteresis_setting_refuses_a_bad_value_naming_the_field(value: floa
 
 @pytest.mark.parametrize("critical_path", [False, True])
 def test_latency_ratio_with_critical_path_keeps_the_job_that_sets_the_makespan(critical_path: bool) -> None:
-    # Two GPUs: r (10.4 h left) and x (2.6 h left) run, q (0.26 h) has waited 5 minutes. The remaining
-    # work drains in 6.6 h, so r alone sets the backlog's makespan. By latency ratio r (the longest, its
-    # ratio growing slowest) makes room for q; on the critical path r ranks as if its ratio were the
-    # queue's highest, and x makes room instead.
-    def job(jid: str, samples: float) -> JobSpec:
-        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, restart_s=0.0)
-
-    servers = [srv("a0", 2)]
-    r = JobView(job("r", 4e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    q = JobView(job("q", 1e5), waited_s=300.0)
+    # By latency ratio r (the longest, its ratio growing slowest) makes room for q; on the critical path
+    # r ranks as if its ratio were the queue's highest, and x makes room instead.
+    servers, jobs = makespan_round(300.0)
     settings_ = SchedulerSettings(solver="exact", gap=0.0, critical_path=critical_path)
-    plan = plan_round(snapshot(servers, [r, x, q]), profiled(r, x, q), settings_)
+    plan = plan_round(snapshot(servers, jobs), profiled(*jobs), settings_)
     kept = "r" if critical_path else "x"
     assert set(plan.assignments) == {"q", kept}
     assert plan.assignments[kept] == C(a0=1)
-    plain = plan_round(
-        snapshot(servers, [r, x, q]), profiled(r, x, q), replace(settings_, critical_path=False)
-    )
+    plain = plan_round(snapshot(servers, jobs), profiled(*jobs), replace(settings_, critical_path=False))
     top = max(plain.priorities.values())
     assert plain.priorities["r"] < top  # q, queued, is never lifted; x is not on the path
     assert plan.priorities == pytest.approx(
@@ -458,20 +452,12 @@ def test_latency_ratio_with_critical_path_keeps_the_job_that_sets_the_makespan(c
 
 def test_the_latency_ratio_critical_path_lift_is_weighed_by_the_tenant() -> None:
     # r (on the path) belongs to a tenant of weight 0.5: lifted to the queue's highest ratio, times 0.5
-    def job(jid: str, samples: float, tenant: str = "default") -> JobSpec:
-        return JobSpec(jid, RequirementSet.of((1,)), samples, 32, tenant=tenant, restart_s=0.0)
-
-    servers = [srv("a0", 2)]
-    r = JobView(job("r", 4e6, "half"), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    x = JobView(job("x", 1e6), current=C(a0=1), running_s=2e4, attempt_s=2e4)
-    q = JobView(job("q", 1e5), waited_s=300.0)
+    servers, jobs = makespan_round(300.0, r_tenant="half")
     tenants = {"half": TenantQuota("half", weight=0.5)}
     settings_ = SchedulerSettings(solver="exact", gap=0.0, critical_path=True, fairshare=False)
-    lifted = plan_round(snapshot(servers, [r, x, q], tenants=tenants), profiled(r, x, q), settings_)
+    lifted = plan_round(snapshot(servers, jobs, tenants=tenants), profiled(*jobs), settings_)
     plain = plan_round(
-        snapshot(servers, [r, x, q], tenants=tenants),
-        profiled(r, x, q),
-        replace(settings_, critical_path=False),
+        snapshot(servers, jobs, tenants=tenants), profiled(*jobs), replace(settings_, critical_path=False)
     )
     assert lifted.priorities["r"] == pytest.approx(0.5 * plain.priorities["q"])
     assert {k: v for k, v in lifted.priorities.items() if k != "r"} == pytest.approx(

@@ -243,12 +243,10 @@ def _plan(
         # stopped), then by priority; those left out must leave the draining servers, and the program
         # places them under the caps' rows.
         room = dict(capacity)
-        cap_left = {name: q.cap_gpus for name, q in snapshot.tenants.items() if q.cap_gpus is not None}
-        for jid, config in fixed.items():
-            if tenant_of[jid] in cap_left:
-                cap_left[tenant_of[jid]] -= config.gpus
+        for config in fixed.values():
             for sid, g in config.parts:
                 room[sid] -= g
+        cap_left = reserve.tenant_room(snapshot, fixed)
         type_left = typecaps.type_room(
             type_limits, typecaps.held_by_type(((tenant_of[j], c) for j, c in fixed.items()), servers)
         )

@@ -344,7 +344,7 @@ def hold(
         ordered,
         times,
         previous,
-        _tenant_room(snapshot, running),
+        tenant_room(snapshot, running),
         type_room,
     )
     idle = dict(capacity)
@@ -377,8 +377,8 @@ def hold(
     return out
 
 
-def _tenant_room(snapshot: ClusterSnapshot, running: Mapping[JobId, Config]) -> dict[str, int]:
-    """GPUs each capped tenant may still take beyond what its jobs run on now."""
+def tenant_room(snapshot: ClusterSnapshot, running: Mapping[JobId, Config]) -> dict[str, int]:
+    """GPUs each capped tenant may still take beyond what its jobs in `running` hold."""
     held: dict[str, int] = {}
     for view in snapshot.jobs:
         if view.id in running:

@@ -133,7 +133,7 @@ BOOLEANS = {
 }
 
 
-def _setting(item: str) -> tuple[str, Any]:
+def setting(item: str) -> tuple[str, Any]:
     """A `--set KEY=VALUE`: the field and its value, checked as a cluster file's would be (bad input
     ends the run with a message naming the key as given)."""
     name, _, text = item.partition("=")
@@ -173,7 +173,7 @@ def main() -> None:
     )
     parser.add_argument("--json", type=Path, help="write the runs here (a list of flat objects)")
     args = parser.parse_args()
-    overrides = dict(_setting(item) for item in args.set)
+    overrides = dict(setting(item) for item in args.set)
     runs = []
     for rate in (float(r) for r in args.rates.split(",")):
         spec = f"gang:jobs={args.jobs},rate={rate:g},big_every={args.big_every}"

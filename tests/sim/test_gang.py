@@ -80,17 +80,17 @@ def test_summary_counts_reservations_and_late_backfills() -> None:
 
 def test_the_gang_bench_takes_scheduler_settings_by_their_toml_keys_and_names_bad_ones() -> None:
     gang = load_bench("gang")
-    assert gang._setting("lambda=0.5") == ("lambda_", 0.5)  # the TOML key, as in a cluster file
-    assert gang._setting("lambda_=2") == ("lambda_", 2.0)
-    assert gang._setting("reservations=true") == ("reservations", True)
+    assert gang.setting("lambda=0.5") == ("lambda_", 0.5)  # the TOML key, as in a cluster file
+    assert gang.setting("lambda_=2") == ("lambda_", 2.0)
+    assert gang.setting("reservations=true") == ("reservations", True)
     with pytest.raises(SystemExit, match="'nonsense=1' is not KEY=VALUE"):
-        gang._setting("nonsense=1")
+        gang.setting("nonsense=1")
     with pytest.raises(SystemExit, match=r"lambda = 'abc' is not a float"):
-        gang._setting("lambda=abc")
+        gang.setting("lambda=abc")
     with pytest.raises(SystemExit, match=r"reservations = 'ture' is not true or false"):
-        gang._setting("reservations=ture")
+        gang.setting("reservations=ture")
     with pytest.raises(SystemExit, match=r"lambda = '-1': scheduler.lambda_: must be a finite number >= 0"):
-        gang._setting("lambda=-1")
+        gang.setting("lambda=-1")
 
 
 def test_the_gang_bench_counts_the_seeds_that_miss_the_big_job_target() -> None:

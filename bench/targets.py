@@ -1,0 +1,407 @@
+"""Issue 13's targets in one command: one candidate (a policy and [scheduler] settings) against each.
+
+Runs the candidate on every scenario the issue's targets name, beside the baselines they compare it
+with, and prints a scoreboard: each target, what was measured (per seed, trace or rate) and whether it
+is met. The scenarios:
+
+  paper  configs/sim/paper-512.toml, 500 jobs at 100/h, seeds 1-3, against Sia-LR and Gavel-LR:
+         average JCT <= 0.75x the better baseline's; makespan below both; max latency ratio <= 1/10 of
+         either's; preemptions no more than Sia-LR's; under 1 idle GPU per round while work waits
+         (`frags_per_waiting_round`, the stricter reading; HOPS.md's `frags_per_round` is printed too);
+  gavel  Gavel's reference traces d1-d3 (../shared/data/gavel/reference/, `--gavel-compat`, seed 0, on
+         the clusters of that README): average JCT <= 0.8x Gavel's own best policy's, and our `gavel`
+         baseline within 10% of Gavel's own max_min_fairness_perf (the baseline's fidelity);
+  sweep  paper-512, 500 jobs, seed 1, at 30/100/300/1200 per hour: the lead over Sia-LR (1 - JCT / Sia-LR's
+         JCT) grows with the rate (met when no rate's lead is below the previous rate's and the highest
+         rate's is above the lowest's);
+  gang   configs/sim/paper-64.toml, `gang:jobs=800,rate=R,big_every=40` at 60 and 100/h, seeds 1-10
+         (bench/gang.py's runs): the big jobs' worst latency ratio within 2x the 1-GPU jobs' on every
+         run, and under 5% of backfilled attempts delaying a reservation.
+
+A target is met only where it holds on every seed, trace and run. The baselines do not depend on the
+candidate: `--baselines FILE` keeps their rows (keyed by scenario, seed and policy) and reuses them,
+so that a second candidate runs only its own simulations. Example:
+
+    python bench/targets.py --policy hops --set critical_path=true --baselines bench/results/baselines.json \
+        --json bench/results/targets-critical-path.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hopsmgr.config import ClusterConfig
+from hopsmgr.sim import runner
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))  # gang.py beside this script (when loaded by the tests)
+
+import gang  # noqa: E402
+
+GAVEL_REFERENCE = ROOT.parent / "shared" / "data" / "gavel" / "reference"
+# Gavel's README: V100:P100:K80 GPU counts and GPUs per server of each reference run
+GAVEL_CLUSTERS = {
+    "d1": "v100=1x4,p100=1x4,k80=1x4",
+    "d2": "v100=3x2,p100=3x2,k80=3x2",
+    "d3": "v100=2x4,p100=2x4,k80=2x4",
+}
+SCENARIOS = ("paper", "gavel", "sweep", "gang")
+
+JCT_SHARE = 0.75  # of the better of Sia-LR's and Gavel-LR's average JCT
+MAX_LR_SHARE = 0.1
+GAVEL_SHARE = 0.8  # of Gavel's own best policy's average JCT
+FIDELITY = 0.1
+IDLE_PER_ROUND = 1.0
+BACKFILL_LATE_SHARE = 0.05
+
+
+@dataclass(frozen=True)
+class Params:
+    """The scenarios' sizes: the issue's by default; smaller ones only for the tests' smoke run."""
+
+    paper_cluster: str = "configs/sim/paper-512.toml"
+    paper_jobs: int = 500
+    paper_rate: float = 100.0
+    seeds: tuple[int, ...] = (1, 2, 3)
+    sweep_rates: tuple[float, ...] = (30.0, 300.0, 1200.0)
+    gavel_traces: tuple[str, ...] = ("d1", "d2", "d3")
+    gang_cluster: str = "configs/sim/paper-64.toml"
+    gang_jobs: int = 800
+    gang_rates: tuple[float, ...] = (60.0, 100.0)
+    gang_seeds: tuple[int, ...] = tuple(range(1, 11))
+    gang_big_every: int = 40
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    measured: str
+    met: bool
+
+
+def _with(cluster: ClusterConfig, overrides: dict[str, Any]) -> ClusterConfig:
+    return replace(cluster, scheduler=replace(cluster.scheduler, **overrides)) if overrides else cluster
+
+
+def paper_run(
+    params: Params, rate: float, seed: int, policy: str, overrides: dict[str, Any]
+) -> dict[str, Any]:
+    cluster = _with(runner.parse_cluster(str(ROOT / params.paper_cluster)), overrides)
+    world = runner.make_world("paper", cluster, seed, None)
+    workload = runner.load_workload(
+        world, f"poisson:jobs={params.paper_jobs},rate={rate:g}", None, None, seed
+    )
+    spec = runner.RunSpec(cluster, world, workload, (policy,), seed=seed)
+    t0 = time.perf_counter()
+    return runner.summarise(runner.run_policy(spec, policy), time.perf_counter() - t0)
+
+
+def gavel_run(trace: str, policy: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    cluster = _with(runner.parse_cluster(GAVEL_CLUSTERS[trace]), overrides)
+    world = runner.make_world(None, cluster, 0, None, variation=False)
+    workload = runner.load_workload(world, None, str(GAVEL_REFERENCE / f"{trace}.trace"), "gavel", 0)
+    spec = runner.RunSpec(cluster, world, workload, (policy,), seed=0, gavel_compat=True)
+    t0 = time.perf_counter()
+    return runner.summarise(runner.run_policy(spec, policy), time.perf_counter() - t0)
+
+
+def gavel_reference() -> dict[str, dict[str, float]]:
+    """Gavel's own simulator's average JCT (h) per trace and policy."""
+    data = json.loads((GAVEL_REFERENCE / "results.json").read_text())
+    return {t: {p: float(r["avg_jct_h"]) for p, r in v["policies"].items()} for t, v in data.items()}
+
+
+class Runs:
+    """The scenarios' runs: the candidate's always, the baselines' from the cache where it has them."""
+
+    def __init__(self, params: Params, policy: str, overrides: dict[str, Any], cache: dict[str, Any]) -> None:
+        self.params, self.policy, self.overrides, self.cache = params, policy, overrides, cache
+        self.candidate: dict[str, Any] = {}
+
+    def _paper_key(self, rate: float, seed: int, policy: str) -> str:
+        p = self.params
+        return f"paper/{p.paper_cluster}/jobs={p.paper_jobs},rate={rate:g}/seed={seed}/{policy}"
+
+    def _cached(self, key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        if key not in self.cache:
+            self.cache[key] = make()
+            _say(key, self.cache[key])
+        return dict(self.cache[key])
+
+    def paper(self, rate: float, seed: int, policy: str) -> dict[str, Any]:
+        if policy == "candidate":
+            key = self._paper_key(rate, seed, self.policy)
+            if key not in self.candidate:
+                self.candidate[key] = paper_run(self.params, rate, seed, self.policy, self.overrides)
+                _say(key, self.candidate[key])
+            return dict(self.candidate[key])
+        return self._cached(
+            self._paper_key(rate, seed, policy), lambda: paper_run(self.params, rate, seed, policy, {})
+        )
+
+    def gavel(self, trace: str, policy: str) -> dict[str, Any]:
+        if policy == "candidate":
+            key = f"gavel/{trace}/{self.policy}"
+            if key not in self.candidate:
+                self.candidate[key] = gavel_run(trace, self.policy, self.overrides)
+                _say(key, self.candidate[key])
+            return dict(self.candidate[key])
+        return self._cached(f"gavel/{trace}/{policy}", lambda: gavel_run(trace, policy, {}))
+
+    def gang(self, rate: float, seed: int) -> dict[str, Any]:
+        p = self.params
+        spec = f"gang:jobs={p.gang_jobs},rate={rate:g},big_every={p.gang_big_every}"
+        row = gang.one_run(str(ROOT / p.gang_cluster), spec, seed, self.policy, self.overrides)
+        self.candidate[f"gang/{spec}/seed={seed}/{self.policy}"] = row
+        print(
+            f"  {spec} seed {seed}: big jobs' worst LR {row['max_lr_big']:.2f}, 1-GPU jobs' "
+            f"{row['max_lr_1gpu']:.2f}, backfills {row['backfills']} (late {row['backfills_late']}), "
+            f"{row['wall_s']:.0f} s",
+            flush=True,
+        )
+        return row
+
+
+def _say(key: str, row: dict[str, Any]) -> None:
+    print(
+        f"  {key}: JCT {row['avg_jct_h']:.3f} h, makespan {row['makespan_h']:.2f} h, max LR "
+        f"{row['max_lr']:.2f}, preemptions {row['preemptions']}, moves {row['migrations']}, "
+        f"{row['wall_s']:.0f} s",
+        flush=True,
+    )
+
+
+def _seq(values: list[float], digits: int = 3) -> str:
+    return " / ".join(f"{v:.{digits}f}" for v in values)
+
+
+def paper_targets(runs: Runs) -> list[Target]:
+    p = runs.params
+    rows = [
+        (
+            runs.paper(p.paper_rate, s, "candidate"),
+            runs.paper(p.paper_rate, s, "sia-lr"),
+            runs.paper(p.paper_rate, s, "gavel-lr"),
+        )
+        for s in p.seeds
+    ]
+    jct = [c["avg_jct_h"] / min(sia["avg_jct_h"], gav["avg_jct_h"]) for c, sia, gav in rows]
+    makespan = [c["makespan_h"] / min(sia["makespan_h"], gav["makespan_h"]) for c, sia, gav in rows]
+    lr = [c["max_lr"] / min(sia["max_lr"], gav["max_lr"]) for c, sia, gav in rows]
+    pre = [(c["preemptions"], sia["preemptions"]) for c, sia, _ in rows]
+    idle = [c["frags_per_waiting_round"] for c, _, _ in rows]
+    per_round = [c["frags_per_round"] for c, _, _ in rows]
+    return [
+        Target(
+            "paper avg JCT <= 0.75x the better baseline", f"{_seq(jct)}x", all(x <= JCT_SHARE for x in jct)
+        ),
+        Target(
+            "paper makespan below both baselines",
+            f"{_seq(makespan)}x the shorter",
+            all(x < 1 for x in makespan),
+        ),
+        Target(
+            "paper max LR <= 1/10 of either baseline's",
+            f"{_seq(lr)}x the lower",
+            all(x <= MAX_LR_SHARE for x in lr),
+        ),
+        Target(
+            "paper preemptions <= Sia-LR's",
+            " / ".join(f"{c} vs {s}" for c, s in pre),
+            all(c <= s for c, s in pre),
+        ),
+        Target(
+            "paper < 1 idle GPU per round while work waits",
+            f"{_seq(idle, 2)} (every round: {_seq(per_round, 2)})",
+            all(x < IDLE_PER_ROUND for x in idle),
+        ),
+    ]
+
+
+def gavel_targets(runs: Runs) -> list[Target]:
+    reference = gavel_reference()
+    traces = runs.params.gavel_traces
+    shares = [runs.gavel(t, "candidate")["avg_jct_h"] / min(reference[t].values()) for t in traces]
+    fidelity = [runs.gavel(t, "gavel")["avg_jct_h"] / reference[t]["max_min_fairness_perf"] for t in traces]
+    return [
+        Target(
+            "Gavel traces avg JCT <= 0.8x Gavel's best",
+            f"{_seq(shares)}x",
+            all(x <= GAVEL_SHARE for x in shares),
+        ),
+        Target(
+            "our gavel within 10% of Gavel's max_min_fairness_perf",
+            f"{_seq(fidelity)}x",
+            all(abs(x - 1) <= FIDELITY for x in fidelity),
+        ),
+    ]
+
+
+def sweep_targets(runs: Runs) -> list[Target]:
+    p = runs.params
+    rates = sorted({*p.sweep_rates, p.paper_rate})
+    seed = p.seeds[0]
+    leads = [
+        1 - runs.paper(r, seed, "candidate")["avg_jct_h"] / runs.paper(r, seed, "sia-lr")["avg_jct_h"]
+        for r in rates
+    ]
+    grows = all(b >= a for a, b in itertools.pairwise(leads)) and leads[-1] > leads[0]
+    measured = " / ".join(f"{lead:+.1%} at {rate:g}/h" for rate, lead in zip(rates, leads, strict=True))
+    return [Target("sweep lead over Sia-LR grows with the rate", measured, grows)]
+
+
+def gang_targets(runs: Runs) -> list[Target]:
+    p = runs.params
+    rows = [runs.gang(r, s) for r in p.gang_rates for s in p.gang_seeds]
+    summary = gang.summarise(rows)
+    missed = sum(r["missed"] for r in summary)
+    worst = max(r["worst_ratio"] for r in summary)
+    backfills = sum(r["backfills"] for r in rows)
+    late = sum(r["backfills_late"] for r in rows)
+    share = late / backfills if backfills else 0.0
+    return [
+        Target(
+            "gang big jobs' worst LR <= 2x the 1-GPU jobs'",
+            f"missed on {missed} of {len(rows)} runs (worst ratio {worst:.2f})",
+            missed == 0,
+        ),
+        Target(
+            "gang < 5% of backfills delay a reservation",
+            f"{late} of {backfills}" if backfills else "no backfills",
+            share < BACKFILL_LATE_SHARE,
+        ),
+    ]
+
+
+SCORERS: dict[str, Callable[[Runs], list[Target]]] = {
+    "paper": paper_targets,
+    "gavel": gavel_targets,
+    "sweep": sweep_targets,
+    "gang": gang_targets,
+}
+
+
+def scoreboard(runs: Runs, scenarios: tuple[str, ...]) -> list[Target]:
+    return [target for name in scenarios for target in SCORERS[name](runs)]
+
+
+def flat(label: str, targets: list[Target], runs: Runs, wall_s: float) -> dict[str, Any]:
+    """The run as one flat object: per target its figures and whether it is met, and the candidate's
+    runs' main figures."""
+    out: dict[str, Any] = {"label": label, "policy": runs.policy, "wall_s": round(wall_s, 1)}
+    out.update({f"set_{k}": v for k, v in runs.overrides.items()})
+    out["targets_met"] = sum(t.met for t in targets)
+    out["targets"] = len(targets)
+    for t in targets:
+        out[f"met: {t.name}"] = t.met
+        out[f"measured: {t.name}"] = t.measured
+    for key, row in runs.candidate.items():
+        for field in (
+            "avg_jct_h",
+            "makespan_h",
+            "max_lr",
+            "preemptions",
+            "migrations",
+            "max_lr_big",
+            "max_lr_1gpu",
+        ):
+            if field in row:
+                out[f"{key} {field}"] = row[field]
+    return out
+
+
+def _floats(text: str, option: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise SystemExit(f"{option}: {text!r} is not a comma-separated list of numbers") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--policy", default="hops")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a [scheduler] setting"
+    )
+    parser.add_argument("--label", help="the row's name (default: the policy and its settings)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="a subset of " + ",".join(SCENARIOS))
+    parser.add_argument("--baselines", type=Path, help="the baselines' rows: read if there, written back")
+    parser.add_argument("--json", type=Path, help="write the scoreboard here (one flat object)")
+    for field, value in Params().__dict__.items():  # the smoke run's smaller sizes
+        flag = "--" + field.replace("_", "-")
+        shown = (
+            ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in value)
+            if isinstance(value, tuple)
+            else value
+        )
+        parser.add_argument(flag, default=None, help=f"default {shown}")
+    args = parser.parse_args(argv)
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        raise SystemExit(f"--scenarios: {', '.join(unknown)} unknown (known: {', '.join(SCENARIOS)})")
+    params = _params(args)
+    overrides = dict(gang.setting(item) for item in args.set)
+    label = args.label or " ".join([args.policy, *args.set])
+    cache: dict[str, Any] = {}
+    if args.baselines is not None and args.baselines.exists():
+        cache = json.loads(args.baselines.read_text())
+    runs = Runs(params, args.policy, overrides, cache)
+    t0 = time.perf_counter()
+    try:
+        targets = scoreboard(runs, scenarios)
+    finally:
+        if args.baselines is not None:
+            args.baselines.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+    wall = time.perf_counter() - t0
+    print(f"\n{label}: {sum(t.met for t in targets)} of {len(targets)} targets met ({wall:.0f} s)")
+    for t in targets:
+        print(f"  [{'met' if t.met else '   '}] {t.name}: {t.measured}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(flat(label, targets, runs, wall), indent=1) + "\n")
+    return 0
+
+
+def _params(args: argparse.Namespace) -> Params:
+    changed: dict[str, Any] = {}
+    for field, default in Params().__dict__.items():
+        text = getattr(args, field)
+        if text is None:
+            continue
+        option = "--" + field.replace("_", "-")
+        if isinstance(default, tuple) and isinstance(default[0], str):
+            changed[field] = tuple(x.strip() for x in text.split(",") if x.strip())
+        elif isinstance(default, tuple):
+            values = _floats(text, option)
+            if isinstance(default[0], int) and any(v != int(v) for v in values):
+                raise SystemExit(f"{option}: {text!r} is not a comma-separated list of integers")
+            changed[field] = tuple(int(v) for v in values) if isinstance(default[0], int) else values
+        elif isinstance(default, str):
+            changed[field] = text
+        else:
+            try:
+                changed[field] = type(default)(text)
+            except ValueError:
+                kind = "an integer" if isinstance(default, int) else "a number"
+                raise SystemExit(f"{option}: {text!r} is not {kind}") from None
+    params = replace(Params(), **changed)
+    unknown = [t for t in params.gavel_traces if t not in GAVEL_CLUSTERS]
+    if unknown:
+        raise SystemExit(f"--gavel-traces: {', '.join(unknown)} unknown (known: {', '.join(GAVEL_CLUSTERS)})")
+    return params
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""bench/targets.py: issue 13's scoreboard. Each target's verdict at and past its boundary (from rows
+given to it, so no simulation runs), Gavel's reference clusters as its README gives them, a short real
+run end to end whose baselines are kept and reused, and bad arguments named."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hopsmgr.sim import runner
+from tests.helpers.bench import load_bench
+
+targets = load_bench("targets")
+SMALL = targets.Params(
+    paper_jobs=12, paper_rate=20.0, seeds=(1, 2), sweep_rates=(60.0,), gavel_traces=("d1",)
+)
+
+
+def row(
+    jct: float, makespan: float = 10.0, max_lr: float = 1.0, preemptions: int = 0, idle: float = 0.0
+) -> dict[str, Any]:
+    return {
+        "avg_jct_h": jct,
+        "makespan_h": makespan,
+        "max_lr": max_lr,
+        "preemptions": preemptions,
+        "migrations": 0,
+        "frags_per_waiting_round": idle,
+        "frags_per_round": idle / 2,
+        "wall_s": 0.0,
+    }
+
+
+def given(
+    candidate: dict[str, dict[str, Any]], baselines: dict[str, dict[str, Any]], params: Any = SMALL
+) -> Any:
+    """A Runs whose rows are all given: keys are `rate/seed/policy` (paper) or `trace/policy` (gavel)."""
+    runs = targets.Runs(params, "hops", {}, {})
+
+    def key(short: str) -> str:
+        parts = short.split("/")
+        if len(parts) == 3:
+            return runs._paper_key(float(parts[0]), int(parts[1]), parts[2])
+        return f"gavel/{parts[0]}/{parts[1]}"
+
+    runs.candidate.update({key(k): v for k, v in candidate.items()})
+    runs.cache.update({key(k): v for k, v in baselines.items()})
+    return runs
+
+
+def paper_verdicts(seed2: dict[str, Any]) -> dict[str, bool]:
+    sia, gav = row(2.0, makespan=10.0, max_lr=40.0, preemptions=100), row(3.0, makespan=12.0, max_lr=20.0)
+    runs = given(
+        {"20/1/hops": row(1.5, makespan=9.0, max_lr=2.0, preemptions=100), "20/2/hops": seed2},
+        {"20/1/sia-lr": sia, "20/1/gavel-lr": gav, "20/2/sia-lr": sia, "20/2/gavel-lr": gav},
+    )
+    return {t.name: t.met for t in targets.paper_targets(runs)}
+
+
+def test_each_paper_target_is_met_at_its_boundary_on_every_seed() -> None:
+    verdicts = paper_verdicts(row(1.5, makespan=9.99, max_lr=2.0, preemptions=100, idle=0.99))
+    assert all(verdicts.values()), verdicts
+
+
+@pytest.mark.parametrize(
+    ("seed2", "missed"),
+    [
+        (row(1.51, makespan=9.0, max_lr=2.0, preemptions=100), "paper avg JCT <= 0.75x the better baseline"),
+        (row(1.5, makespan=10.0, max_lr=2.0, preemptions=100), "paper makespan below both baselines"),
+        (row(1.5, makespan=9.0, max_lr=2.01, preemptions=100), "paper max LR <= 1/10 of either baseline's"),
+        (row(1.5, makespan=9.0, max_lr=2.0, preemptions=101), "paper preemptions <= Sia-LR's"),
+        (
+            row(1.5, makespan=9.0, max_lr=2.0, preemptions=100, idle=1.0),
+            "paper < 1 idle GPU per round while work waits",
+        ),
+    ],
+)
+def test_one_seed_past_a_paper_target_misses_it_and_only_it(seed2: dict[str, Any], missed: str) -> None:
+    verdicts = paper_verdicts(seed2)
+    assert [name for name, met in verdicts.items() if not met] == [missed]
+
+
+def test_the_sweep_lead_must_not_fall_from_one_rate_to_the_next() -> None:
+    def verdict(leads: dict[float, float]) -> bool:
+        candidate = {f"{r:g}/1/hops": row(2.0 * (1 - lead)) for r, lead in leads.items()}
+        baselines = {f"{r:g}/1/sia-lr": row(2.0) for r in leads}
+        runs = given(
+            candidate, baselines, replace(SMALL, seeds=(1,), sweep_rates=tuple(r for r in leads if r != 20.0))
+        )
+        (target,) = targets.sweep_targets(runs)
+        return bool(target.met)
+
+    assert verdict({20.0: 0.02, 60.0: 0.05, 200.0: 0.05})
+    assert not verdict({20.0: 0.02, 60.0: 0.08, 200.0: 0.05})  # a fall at the highest rate
+    assert not verdict({20.0: 0.05, 60.0: 0.05, 200.0: 0.05})  # flat: no growth
+
+
+def test_gavel_targets_read_gavel_s_own_results() -> None:
+    reference = targets.gavel_reference()
+    best = min(reference["d1"].values())
+    mmf = reference["d1"]["max_min_fairness_perf"]
+    met = given({"d1/hops": row(0.8 * best)}, {"d1/gavel": row(1.0999 * mmf)})
+    assert [t.met for t in targets.gavel_targets(met)] == [True, True]
+    missed = given({"d1/hops": row(0.81 * best)}, {"d1/gavel": row(0.89 * mmf)})
+    assert [t.met for t in targets.gavel_targets(missed)] == [False, False]
+
+
+def test_gavel_clusters_are_those_of_gavel_s_readme() -> None:
+    reference = json.loads((targets.GAVEL_REFERENCE / "results.json").read_text())
+    for trace, spec in targets.GAVEL_CLUSTERS.items():
+        cluster = runner.parse_cluster(spec)
+        counts = [int(x) for x in reference[trace]["cluster"].split(":")]  # V100:P100:K80
+        per_server = [int(x) for x in reference[trace]["gpus_per_server"].split(":")]
+        for gpu_type, count, gpus in zip(("v100", "p100", "k80"), counts, per_server, strict=True):
+            servers = [s for s in cluster.servers if s.gpu_type == gpu_type]
+            assert sum(s.gpus for s in servers) == count, trace
+            assert {s.gpus for s in servers} == {gpus}, trace
+
+
+def test_a_short_run_end_to_end_keeps_and_reuses_its_baselines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    baselines, out = tmp_path / "baselines.json", tmp_path / "targets.json"
+    small = [
+        "--paper-cluster", "configs/sim/paper-16.toml", "--paper-jobs", "10", "--paper-rate", "20", "--seeds", "1",
+        "--sweep-rates", "60", "--gang-jobs", "40", "--gang-big-every", "20", "--gang-seeds", "1", "--gang-rates", "60",
+    ]  # fmt: skip
+    args = ["--scenarios", "paper,sweep,gang", *small, "--baselines", str(baselines), "--json", str(out)]
+    assert targets.main(args) == 0
+    kept = json.loads(baselines.read_text())
+    assert sorted(k.rsplit("/", 1)[1] for k in kept) == ["gavel-lr", "sia-lr", "sia-lr"]
+    first = json.loads(out.read_text())
+    assert first["targets"] == 8 and first["policy"] == "hops"
+    assert 0 <= first["targets_met"] <= 8
+
+    capsys.readouterr()
+    assert targets.main([*args, "--set", "lr_hysteresis=0"]) == 0
+    printed = capsys.readouterr().out
+    assert "sia-lr:" not in printed  # the baselines came from the file
+    assert json.loads(baselines.read_text()) == kept
+    second = json.loads(out.read_text())
+    assert second["set_lr_hysteresis"] == 0.0 and second["label"] == "hops lr_hysteresis=0"
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--scenarios", "paper,bogus"], "--scenarios: bogus unknown"),
+        (["--gavel-traces", "d9"], "--gavel-traces: d9 unknown"),
+        (["--seeds", "1,x"], "--seeds: '1,x' is not"),
+        (["--seeds", "1.5"], "--seeds: '1.5' is not a comma-separated list of integers"),
+        (["--paper-jobs", "many"], "--paper-jobs: 'many' is not an integer"),
+        (["--set", "nonsense=1"], "--set: 'nonsense=1' is not KEY=VALUE"),
+    ],
+)
+def test_bad_arguments_are_named(args: list[str], named: str) -> None:
+    with pytest.raises(SystemExit, match=named):
+        targets.main(args)

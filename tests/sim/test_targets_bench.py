@@ -84,7 +84,7 @@ def test_one_seed_past_a_paper_target_misses_it_and_only_it(seed2: dict[str, Any
     assert [name for name, met in verdicts.items() if not met] == [missed]
 
 
-def test_the_sweep_lead_must_not_fall_from_one_rate_to_the_next() -> None:
+def test_the_sweep_lead_must_grow_with_the_rate_as_a_trend() -> None:
     def verdict(leads: dict[float, float]) -> bool:
         candidate = {f"{r:g}/1/hops": row(2.0 * (1 - lead)) for r, lead in leads.items()}
         baselines = {f"{r:g}/1/sia-lr": row(2.0) for r in leads}
@@ -95,7 +95,9 @@ def test_the_sweep_lead_must_not_fall_from_one_rate_to_the_next() -> None:
         return bool(target.met)
 
     assert verdict({20.0: 0.02, 60.0: 0.05, 200.0: 0.05})
-    assert not verdict({20.0: 0.02, 60.0: 0.08, 200.0: 0.05})  # a fall at the highest rate
+    assert verdict({20.0: 0.02, 60.0: 0.08, 200.0: 0.06})  # one step down, the trend still up
+    assert not verdict({20.0: 0.05, 60.0: 0.08, 200.0: 0.03})  # lower at the highest rate than the lowest
+    assert not verdict({20.0: 0.02, 60.0: 0.12, 200.0: 0.03, 600.0: 0.03})  # up at the lowest end only
     assert not verdict({20.0: 0.05, 60.0: 0.05, 200.0: 0.05})  # flat: no growth
 
 

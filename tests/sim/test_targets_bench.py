@@ -97,6 +97,9 @@ def test_the_sweep_lead_must_grow_with_the_rate_as_a_trend() -> None:
     assert verdict({20.0: 0.02, 60.0: 0.05, 200.0: 0.05})
     assert verdict({20.0: 0.02, 60.0: 0.08, 200.0: 0.06})  # one step down, the trend still up
     assert not verdict({20.0: 0.05, 60.0: 0.08, 200.0: 0.03})  # lower at the highest rate than the lowest
+    assert not verdict(
+        {20.0: 0.05, 60.0: 0.03, 200.0: 0.06, 600.0: 0.07}
+    )  # a trend up, but a dip below the start
     assert not verdict({20.0: 0.02, 60.0: 0.12, 200.0: 0.03, 600.0: 0.03})  # up at the lowest end only
     assert not verdict({20.0: 0.05, 60.0: 0.05, 200.0: 0.05})  # flat: no growth
 

@@ -165,3 +165,19 @@ def test_a_short_run_end_to_end_keeps_and_reuses_its_baselines(
 def test_bad_arguments_are_named(args: list[str], named: str) -> None:
     with pytest.raises(SystemExit, match=named):
         targets.main(args)
+
+
+def test_no_run_beats_the_profiling_floor_of_the_worst_latency_ratio() -> None:
+    """The floor the max-LR target is judged against holds for every policy that profiles first, and
+    is reached only by a job that runs at once after its profile."""
+    params = targets.Params(paper_cluster="configs/sim/paper-16.toml", paper_jobs=16, paper_rate=30.0)
+    for seed in (1, 2):
+        floor = targets.profiling_floor(params, seed)
+        assert floor > 0
+        for policy in ("hops", "hops-srtf-lr", "sia-lr", "gavel-lr", "fifo"):
+            row = targets.paper_run(params, params.paper_rate, seed, policy, {})
+            assert row["max_lr"] >= floor - 1e-9, (seed, policy, row["max_lr"], floor)
+    alone = replace(params, paper_jobs=1)  # one job on an idle cluster starts right after its profile
+    for seed in (1, 3):
+        row = targets.paper_run(alone, alone.paper_rate, seed, "hops", {})
+        assert row["max_lr"] == pytest.approx(targets.profiling_floor(alone, seed), rel=1e-6)

@@ -186,6 +186,14 @@ def _say(key: str, row: dict[str, Any]) -> None:
     )
 
 
+def _list(items: list[int]) -> str:
+    return (
+        " and ".join(map(str, items))
+        if len(items) <= 2
+        else ", ".join(map(str, items[:-1])) + f" and {items[-1]}"
+    )
+
+
 def _seq(values: list[float], digits: int = 3) -> str:
     return " / ".join(f"{v:.{digits}f}" for v in values)
 
@@ -238,7 +246,11 @@ def paper_targets(runs: Runs) -> list[Target]:
             "paper max LR <= 1/10 of either baseline's",
             f"{_seq(lr)}x the lower; allowed {_seq(allowed, 2)}, the profiling run alone gives "
             f"{_seq(floor, 2)}"
-            + (f" (out of reach on seed {', '.join(map(str, out_of_reach))})" if out_of_reach else ""),
+            + (
+                f" (out of reach on seed{'s' if len(out_of_reach) > 1 else ''} {_list(out_of_reach)})"
+                if out_of_reach
+                else ""
+            ),
             all(x <= MAX_LR_SHARE for x in lr),
         ),
         Target(

@@ -285,7 +285,7 @@ def paper_targets(runs: Runs) -> list[Target]:
 
 def gavel_targets(runs: Runs) -> list[Target]:
     """Gavel's traces: the candidate against Gavel's own best policy, our gavel against its own
-    max_min_fairness_perf (on d1 Gavel dropped 2 of the 100 jobs; its averages are over the 98 left)."""
+    max_min_fairness_perf (on d1 that policy dropped 2 of the 100 jobs and averages over the 98 left)."""
     reference = gavel_reference()
     traces = runs.params.gavel_traces
     shares = [share(runs.gavel(t, "candidate")["avg_jct_h"], min(reference[t].values())) for t in traces]

@@ -136,7 +136,8 @@ def gavel_reference() -> dict[str, dict[str, float]]:
 
 
 class Runs:
-    """The scenarios' runs: the candidate's always, the baselines' from the cache where it has them."""
+    """The scenarios' runs, each made once: the candidate's (asked for as "candidate") always, the
+    baselines' (asked for by policy name) from the cache where it has them."""
 
     def __init__(self, params: Params, policy: str, overrides: dict[str, Any], cache: dict[str, Any]) -> None:
         self.params, self.policy, self.overrides, self.cache = params, policy, overrides, cache
@@ -146,31 +147,27 @@ class Runs:
         p = self.params
         return f"paper/{p.paper_cluster}/jobs={p.paper_jobs},rate={rate:g}/seed={seed}/{policy}"
 
-    def _cached(self, key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        if key not in self.cache:
-            self.cache[key] = make()
-            print_run(key, self.cache[key])
-        return dict(self.cache[key])
+    def _kept(self, runs: dict[str, Any], key: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """`runs[key]`, made (and printed) the first time it is asked for."""
+        if key not in runs:
+            runs[key] = make()
+            print_run(key, runs[key])
+        return dict(runs[key])
 
     def paper(self, rate: float, seed: int, policy: str) -> dict[str, Any]:
-        if policy == "candidate":
-            key = self._paper_key(rate, seed, self.policy)
-            if key not in self.candidate:
-                self.candidate[key] = paper_run(self.params, rate, seed, self.policy, self.overrides)
-                print_run(key, self.candidate[key])
-            return dict(self.candidate[key])
-        return self._cached(
-            self._paper_key(rate, seed, policy), lambda: paper_run(self.params, rate, seed, policy, {})
-        )
+        name, overrides, runs = self._whose(policy)
+        key = self._paper_key(rate, seed, name)
+        return self._kept(runs, key, lambda: paper_run(self.params, rate, seed, name, overrides))
 
     def gavel(self, trace: str, policy: str) -> dict[str, Any]:
+        name, overrides, runs = self._whose(policy)
+        return self._kept(runs, f"gavel/{trace}/{name}", lambda: gavel_run(trace, name, overrides))
+
+    def _whose(self, policy: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        """The policy, settings and store of "candidate" or of a baseline named by its policy."""
         if policy == "candidate":
-            key = f"gavel/{trace}/{self.policy}"
-            if key not in self.candidate:
-                self.candidate[key] = gavel_run(trace, self.policy, self.overrides)
-                print_run(key, self.candidate[key])
-            return dict(self.candidate[key])
-        return self._cached(f"gavel/{trace}/{policy}", lambda: gavel_run(trace, policy, {}))
+            return self.policy, self.overrides, self.candidate
+        return policy, {}, self.cache
 
     def gang(self, rate: float, seed: int) -> dict[str, Any]:
         p = self.params
@@ -196,11 +193,8 @@ def print_run(key: str, row: dict[str, Any]) -> None:
 
 
 def joined(items: list[int]) -> str:
-    return (
-        " and ".join(map(str, items))
-        if len(items) <= 2
-        else ", ".join(map(str, items[:-1])) + f" and {items[-1]}"
-    )
+    *most, last = map(str, items)
+    return f"{', '.join(most)} and {last}" if most else last
 
 
 def per_seed(values: Sequence[float | None], digits: int = 3) -> str:
@@ -429,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     params = _params(args)
     overrides = dict(gang.setting(item) for item in args.set)
     label = args.label or " ".join([args.policy, *args.set])
-    cache: dict[str, Any] = {}
-    if args.baselines is not None and args.baselines.exists():
-        cache = json.loads(args.baselines.read_text())
+    cache = _read_baselines(args.baselines)
     runs = Runs(params, args.policy, overrides, cache)
     t0 = time.perf_counter()
     try:
@@ -451,6 +443,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(flat_row(label, targets, runs, wall), indent=1) + "\n")
     return 0
+
+
+def _read_baselines(path: Path | None) -> dict[str, Any]:
+    """The kept baselines' rows, or an exit naming the file (which is then left as it was)."""
+    if path is None or not path.exists():
+        return {}
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--baselines: cannot read {str(path)!r}: {exc}") from None
+    if not (isinstance(cache, dict) and all(isinstance(row, dict) for row in cache.values())):
+        raise SystemExit(f"--baselines: {str(path)!r} is not an object of runs keyed by scenario")
+    return cache
 
 
 def _params(args: argparse.Namespace) -> Params:

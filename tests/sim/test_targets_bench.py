@@ -258,3 +258,16 @@ def test_no_run_beats_the_profiling_floor_of_the_worst_latency_ratio() -> None:
     for seed in (1, 2, 3):
         row = targets.paper_run(apart, apart.paper_rate, seed, "hops", {})
         assert row["max_lr"] == pytest.approx(targets.profiling_floor(apart, seed), rel=1e-6)
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"paper/x": 3}'])
+def test_a_bad_baselines_file_is_named_and_left_as_it_was(tmp_path: Path, text: str) -> None:
+    baselines = tmp_path / "baselines.json"
+    baselines.write_text(text)
+    with pytest.raises(SystemExit, match=r"--baselines: .*baselines\.json"):
+        targets.main(["--scenarios", "paper", "--baselines", str(baselines)])
+    assert baselines.read_text() == text
+
+
+def test_seed_lists_read_as_prose() -> None:
+    assert [targets.joined(x) for x in ([1], [1, 3], [1, 2, 3])] == ["1", "1 and 3", "1, 2 and 3"]
